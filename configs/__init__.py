@@ -1,0 +1,1 @@
+"""Presets for `python -m sfengine.train --cfg=<name>`, installed as the package ``sfengine_configs``."""

@@ -1,0 +1,72 @@
+"""Checkpoints: written atomically, loaded with ``weights_only=True``, a failed load is an error.
+
+A checkpoint holds only tensors and plain Python types (ints, floats, strings, dicts), so the safe loader
+accepts it and a resumed run never silently falls back to step 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d{9})_(\d+)\.pt$")
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used. The message is one line that names the file and the fix."""
+
+
+def checkpoint_dir(experiment_dir: Path) -> Path:
+    return Path(experiment_dir) / "checkpoints"
+
+
+def list_checkpoints(experiment_dir: Path) -> list[Path]:
+    """Checkpoints of an experiment, oldest first (ordered by policy version)."""
+    directory = checkpoint_dir(experiment_dir)
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if CHECKPOINT_PATTERN.match(p.name)]
+    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
+
+
+def save_checkpoint(experiment_dir: Path, state: dict, keep: int) -> Path:
+    """Write ``state`` as checkpoint_<version>_<env_steps>.pt through a temp file and a rename; keep the newest."""
+    directory = checkpoint_dir(experiment_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"checkpoint_{state['policy_version']:09d}_{state['env_steps']}.pt"
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save({"format_version": FORMAT_VERSION, **state}, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    for old in list_checkpoints(experiment_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(path: Path) -> dict:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001  (any failure to read the file means the same to the user)
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"cannot load checkpoint {path} ({first_line}); delete it to fall back to an older one, or start over "
+            "with --restart_behavior=restart"
+        ) from None
+    required = ("format_version", "model", "optimizer", "env_steps", "policy_version")
+    if not isinstance(state, dict) or any(key not in state for key in required):
+        raise CheckpointError(f"checkpoint {path} is incomplete (needs {', '.join(required)}); delete it")
+    if state["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format {state['format_version']}, this sfengine reads {FORMAT_VERSION}"
+        )
+    return state
+
+
+def load_latest_checkpoint(experiment_dir: Path) -> dict | None:
+    checkpoints = list_checkpoints(experiment_dir)
+    return load_checkpoint(checkpoints[-1]) if checkpoints else None

@@ -1,0 +1,375 @@
+"""Configuration: every option declared once, with its type, default and help.
+
+Options live in small dataclasses, one per group. The command line is flat (``--num_workers=2``) and
+``--help`` is grouped by dataclass. Precedence: defaults < saved run config (on resume) < YAML preset
+(``--cfg``) < command line.
+
+    cfg = parse_config(["--env=CartPole-v1", "--num_workers=2"])
+    cfg.sampler.num_workers  # 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user-caused configuration problem. The message is one line that names the fix."""
+
+
+def option(default: Any, help: str, choices: tuple | None = None) -> Any:
+    """Declare one option: its default and its one line of help (the type comes from the annotation)."""
+    metadata = {"help": help, "choices": choices}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class EnvConfig:
+    env: str = option("CartPole-v1", "environment: a registered sfengine env or any gymnasium id")
+    seed: int = option(0, "base random seed; each env gets its own seed derived from it")
+    max_episode_steps: int = option(0, "truncate episodes after this many steps (0: the env's own limit)")
+
+
+@dataclass
+class SamplerConfig:
+    num_workers: int = option(2, "rollout worker processes")
+    num_envs_per_worker: int = option(8, "environments stepped by each rollout worker")
+    worker_num_splits: int = option(
+        2, "groups of envs per worker; while one group waits for actions the other steps (double buffering)"
+    )
+    num_inference_workers: int = option(1, "inference worker processes that batch requests from all rollout workers")
+    rollout: int = option(32, "env steps per trajectory handed to the learner")
+    serial_mode: bool = option(False, "run every component on one event loop in one process (debugging, tiny machines)")
+    async_rl: bool = option(
+        True, "collect while the learner trains (policy lag > 0); False: on-policy, samplers wait for each update"
+    )
+
+
+@dataclass
+class LearnerConfig:
+    batch_size: int = option(1024, "samples per minibatch (one optimiser step)")
+    num_batches_per_epoch: int = option(1, "minibatches per epoch; one training batch = batch_size x this")
+    num_epochs: int = option(1, "passes over each training batch")
+    learning_rate: float = option(3e-4, "Adam learning rate")
+    lr_schedule: str = option("constant", "learning-rate schedule over train_for_env_steps", ("constant", "linear"))
+    adam_eps: float = option(1e-6, "Adam epsilon")
+    gamma: float = option(0.99, "discount factor")
+    gae_lambda: float = option(0.95, "GAE lambda")
+    ppo_clip_ratio: float = option(0.2, "PPO clip on the probability ratio")
+    ppo_clip_value: float = option(1.0, "clip on the change of the value prediction (0: no value clipping)")
+    value_loss_coeff: float = option(0.5, "weight of the value loss")
+    entropy_coeff: float = option(0.003, "weight of the entropy bonus")
+    max_grad_norm: float = option(4.0, "gradient norm clip (0: off)")
+    normalize_advantage: bool = option(True, "normalise advantages per minibatch")
+    reward_scale: float = option(1.0, "multiply rewards by this before learning (stats keep the raw reward)")
+    reward_clip: float = option(0.0, "clip scaled rewards to [-x, x] (0: off)")
+    with_vtrace: bool = option(False, "correct policy lag with V-trace instead of GAE")
+    vtrace_rho: float = option(1.0, "V-trace importance-weight clip for the value targets")
+    vtrace_c: float = option(1.0, "V-trace trace-cutting clip")
+    learner_threads: int = option(1, "torch CPU threads in the learner process (rollout and inference use 1)")
+    device: str = option("cpu", "device of the learner and inference workers", ("cpu", "cuda"))
+
+
+@dataclass
+class ModelConfig:
+    hidden_sizes: list[int] = option([64, 64], "MLP encoder layer widths for vector observations")
+    activation: str = option("tanh", "activation of the encoders", ("tanh", "relu", "elu"))
+    normalize_input: bool = option(True, "running mean/std normalisation of vector observations")
+    continuous_log_std: str = option(
+        "state_independent",
+        "Gaussian head: log-std as a free parameter, or predicted from the state",
+        ("state_independent", "state_dependent"),
+    )
+    initial_log_std: float = option(0.0, "initial log-std of the Gaussian head")
+
+
+@dataclass
+class RunConfig:
+    experiment: str = option("default_experiment", "experiment name; files go to <train_dir>/<experiment>")
+    train_dir: str = option("train_dir", "directory that holds experiment directories")
+    restart_behavior: str = option(
+        "resume",
+        "resume: continue from the latest checkpoint; restart: move the old run aside and start over; "
+        "overwrite: delete the old run and start over",
+        ("resume", "restart", "overwrite"),
+    )
+    train_for_env_steps: int = option(10_000_000, "stop after this many env steps (counted across resumes)")
+    train_for_seconds: float = option(0.0, "stop after this many seconds of this run (0: no limit)")
+    save_every_sec: float = option(120.0, "seconds between checkpoints")
+    keep_checkpoints: int = option(3, "newest checkpoints kept")
+    report_every_sec: float = option(5.0, "seconds between status lines")
+    stats_window: int = option(100, "episodes averaged for the return, length and success statistics")
+    benchmark: bool = option(False, "sampling only: collect and discard trajectories, no training")
+
+
+GROUPS: dict[str, type] = {
+    "env": EnvConfig,
+    "sampler": SamplerConfig,
+    "learner": LearnerConfig,
+    "model": ModelConfig,
+    "run": RunConfig,
+}
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def experiment_dir(self) -> Path:
+        return Path(self.run.train_dir) / self.run.experiment
+
+    @property
+    def envs_per_split(self) -> int:
+        return self.sampler.num_envs_per_worker // self.sampler.worker_num_splits
+
+    @property
+    def samples_per_training_batch(self) -> int:
+        return self.learner.batch_size * self.learner.num_batches_per_epoch
+
+    @property
+    def trajectories_per_training_batch(self) -> int:
+        return self.samples_per_training_batch // self.sampler.rollout
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        return {name: value for group in self.to_dict().values() for name, value in group.items()}
+
+
+def _option_owner() -> dict[str, str]:
+    """Maps each flat option name to the group that declares it."""
+    owner = {}
+    for group_name, group_cls in GROUPS.items():
+        for f in dataclasses.fields(group_cls):
+            owner[f.name] = group_name
+    return owner
+
+
+OPTION_GROUP = _option_owner()
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", str(annotation)) if annotation in (bool, int, float, str) else "list"
+
+
+def _coerce(name: str, value: Any, annotation: Any) -> Any:
+    text = _type_name(annotation)
+    try:
+        if text == "bool":
+            if isinstance(value, bool):
+                return value
+            lowered = str(value).strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if text == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
+        if text == "float":
+            return float(value)
+        if text == "list":
+            items = value if isinstance(value, list) else [v for v in str(value).replace(" ", "").split(",") if v]
+            return [int(v) for v in items]
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--{name}={value!r} is not a valid {text}") from None
+
+
+def _field_types() -> dict[str, Any]:
+    types = {}
+    for group_cls in GROUPS.values():
+        hints = get_type_hints(group_cls)
+        for f in dataclasses.fields(group_cls):
+            types[f.name] = hints[f.name]
+    return types
+
+
+FIELD_TYPES = _field_types()
+
+
+def apply_overrides(cfg: Config, overrides: dict[str, Any], source: str) -> None:
+    """Set flat options on ``cfg`` in place; unknown names are a ConfigError naming ``source``."""
+    for name, value in overrides.items():
+        if name not in OPTION_GROUP:
+            raise ConfigError(f"unknown option '{name}' in {source}; see --help for the list of options")
+        setattr(getattr(cfg, OPTION_GROUP[name]), name, _coerce(name, value, FIELD_TYPES[name]))
+
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def resolve_preset(path_or_name: str) -> Path:
+    """A preset is a YAML path, or the name of one shipped in configs/ (``--cfg=cartpole``)."""
+    candidates = [Path(path_or_name)]
+    try:
+        import sfengine_configs
+
+        shipped = Path(sfengine_configs.__file__).parent
+    except ImportError:
+        shipped = PRESET_DIR
+    name = Path(path_or_name).name
+    candidates += [shipped / name, shipped / f"{name}.yaml"]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    known = sorted(p.stem for p in shipped.glob("*.yaml"))
+    raise ConfigError(f"--cfg={path_or_name}: no such preset file; give a YAML path or one of {known}")
+
+
+def load_preset(path_or_name: str) -> dict[str, Any]:
+    path = resolve_preset(path_or_name)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--cfg={path}: invalid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--cfg={path}: a preset must be a mapping of option: value")
+    return data
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sfengine.train",
+        description="Train an RL agent with sfengine. Options are grouped below; every one can also be set in a "
+        "YAML preset given with --cfg.",
+    )
+    parser.add_argument("--cfg", default=None, help="YAML preset: a path, or the name of one shipped in configs/")
+    for group_name, group_cls in GROUPS.items():
+        group = parser.add_argument_group(group_name)
+        for f in dataclasses.fields(group_cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            # SUPPRESS keeps unset options out of the namespace, so a preset is not overridden by defaults.
+            group.add_argument(
+                f"--{f.name}",
+                default=argparse.SUPPRESS,
+                metavar={"list": "INT,INT,..."}.get(
+                    _type_name(FIELD_TYPES[f.name]), _type_name(FIELD_TYPES[f.name]).upper()
+                ),
+                help=f"{f.metadata['help']} (default: {default})"
+                + (f"; one of {', '.join(f.metadata['choices'])}" if f.metadata["choices"] else ""),
+            )
+    return parser
+
+
+def validate(cfg: Config) -> None:
+    """Reject inconsistent or impossible settings with a one-line message naming the fix."""
+    for group_name, group_cls in GROUPS.items():
+        for f in dataclasses.fields(group_cls):
+            value = getattr(getattr(cfg, group_name), f.name)
+            if f.metadata["choices"] and value not in f.metadata["choices"]:
+                raise ConfigError(f"--{f.name}={value!r} is not one of {', '.join(f.metadata['choices'])}")
+    s, lrn, run = cfg.sampler, cfg.learner, cfg.run
+    for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_inference_workers", "rollout"):
+        if getattr(s, name) < 1:
+            raise ConfigError(f"--{name}={getattr(s, name)} must be at least 1")
+    for name in ("batch_size", "num_batches_per_epoch", "num_epochs", "learner_threads"):
+        if getattr(lrn, name) < 1:
+            raise ConfigError(f"--{name}={getattr(lrn, name)} must be at least 1")
+    if s.num_envs_per_worker % s.worker_num_splits != 0:
+        raise ConfigError(
+            f"--num_envs_per_worker={s.num_envs_per_worker} is not divisible by --worker_num_splits="
+            f"{s.worker_num_splits}; use a multiple of it"
+        )
+    if s.num_inference_workers > s.num_workers:
+        raise ConfigError(
+            f"--num_inference_workers={s.num_inference_workers} exceeds --num_workers={s.num_workers}; "
+            "an inference worker serves at least one rollout worker"
+        )
+    if cfg.samples_per_training_batch % s.rollout != 0:
+        raise ConfigError(
+            f"--batch_size x --num_batches_per_epoch = {cfg.samples_per_training_batch} is not a multiple of "
+            f"--rollout={s.rollout}; a training batch is made of whole trajectories"
+        )
+    if not s.async_rl:
+        per_round = s.num_workers * s.num_envs_per_worker * s.rollout
+        if cfg.samples_per_training_batch % per_round != 0:
+            raise ConfigError(
+                f"--async_rl=False needs batch_size x num_batches_per_epoch ({cfg.samples_per_training_batch}) to be "
+                f"a multiple of num_workers x num_envs_per_worker x rollout ({per_round}), so each update uses every "
+                "env equally"
+            )
+    if s.serial_mode and s.num_inference_workers != 1:
+        raise ConfigError("--serial_mode runs one inference component; leave --num_inference_workers at 1")
+    for name in ("learning_rate", "gamma", "ppo_clip_ratio"):
+        if getattr(lrn, name) <= 0:
+            raise ConfigError(f"--{name}={getattr(lrn, name)} must be positive")
+    if not 0 < lrn.gamma <= 1 or not 0 <= lrn.gae_lambda <= 1:
+        raise ConfigError("--gamma must be in (0, 1] and --gae_lambda in [0, 1]")
+    for name in ("ppo_clip_value", "max_grad_norm", "reward_clip", "entropy_coeff", "value_loss_coeff"):
+        if getattr(lrn, name) < 0:
+            raise ConfigError(f"--{name}={getattr(lrn, name)} must not be negative")
+    if any(width < 1 for width in cfg.model.hidden_sizes) or not cfg.model.hidden_sizes:
+        raise ConfigError(f"--hidden_sizes={cfg.model.hidden_sizes}: give positive layer widths, e.g. 64,64")
+    if run.train_for_env_steps < 1:
+        raise ConfigError(f"--train_for_env_steps={run.train_for_env_steps} must be at least 1")
+    for name in ("train_for_seconds", "save_every_sec", "report_every_sec"):
+        if getattr(run, name) < 0:
+            raise ConfigError(f"--{name}={getattr(run, name)} must not be negative")
+    if run.keep_checkpoints < 1 or run.stats_window < 1:
+        raise ConfigError("--keep_checkpoints and --stats_window must be at least 1")
+    if not run.experiment or os.sep in run.experiment or run.experiment in (".", ".."):
+        raise ConfigError(f"--experiment={run.experiment!r} must be a plain directory name")
+    if lrn.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device=cuda but torch sees no CUDA device; use --device=cpu")
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """Parse the command line into a validated Config. Raises ConfigError on bad input."""
+    parser = build_parser()
+    try:
+        namespace = parser.parse_args(argv)
+    except SystemExit as exc:
+        if exc.code == 0:  # --help
+            raise
+        raise ConfigError("invalid command line; see the message above and --help") from None
+    cli = {k: v for k, v in vars(namespace).items() if k != "cfg"}
+    cfg = Config()
+    preset = load_preset(namespace.cfg) if namespace.cfg else {}
+    apply_overrides(cfg, preset, f"--cfg={namespace.cfg}")
+    apply_overrides(cfg, cli, "the command line")
+    saved = cfg.experiment_dir / "config.json"
+    if cfg.run.restart_behavior == "resume" and saved.is_file():
+        # A resumed run keeps its saved settings; the preset and the command line still win.
+        resumed = Config()
+        apply_overrides(resumed, load_saved_config(saved), str(saved))
+        apply_overrides(resumed, preset, f"--cfg={namespace.cfg}")
+        apply_overrides(resumed, cli, "the command line")
+        cfg = resumed
+    validate(cfg)
+    return cfg
+
+
+def load_saved_config(path: Path) -> dict[str, Any]:
+    try:
+        nested = json.loads(path.read_text())
+        return {name: value for group in nested.values() for name, value in group.items()}
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ConfigError(f"{path} is corrupt ({exc}); fix it or use --restart_behavior=restart") from None
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(cfg.to_dict(), indent=2))
+    os.replace(tmp, path)

@@ -1,0 +1,112 @@
+"""Inference worker: one forward pass for every request that arrived together.
+
+    InferenceRequest(split_row) x k --> gather obs[buffer_ids, t] of the k splits --> policy --> write
+    actions, log-probs, values, policy version at [buffer_ids, t] --> policy_outputs_<worker>(split)
+
+Requests carry only the split row; buffer ids and the step come from the shared SplitState. Before each batch
+the worker checks the shared policy version and pulls new weights when the learner has published some.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from signal_slot.signal_slot import EventLoopObject, Timer, signal
+
+from sfengine.buffers import SharedBuffers, SharedWeights
+from sfengine.config import Config
+from sfengine.event_loop import stop_own_loop
+from sfengine.messages import InferenceReport, InferenceRequest
+from sfengine.models.actor_critic import ActorCritic
+from sfengine.spaces import ActionSpec, ObsSpec
+
+
+def policy_outputs_signal(worker: int) -> str:
+    """Each rollout worker listens on its own signal, so it only receives its own splits."""
+    return f"policy_outputs_{worker}"
+
+
+class InferenceWorker(EventLoopObject):
+    def __init__(
+        self,
+        event_loop,
+        index: int,
+        cfg: Config,
+        buffers: SharedBuffers,
+        weights: SharedWeights,
+        obs_spec: ObsSpec,
+        action_spec: ActionSpec,
+    ):
+        super().__init__(event_loop, f"inference_worker_{index}")
+        self.index, self.cfg, self.buffers, self.weights = index, cfg, buffers, weights
+        self.obs_spec, self.action_spec = obs_spec, action_spec
+        self.pending: list[InferenceRequest] = []
+        self.stopped = False
+
+    @signal
+    def report(self): ...
+
+    def on_start(self) -> None:
+        torch.set_num_threads(1)
+        self.device = torch.device(self.cfg.learner.device)
+        self.model = ActorCritic(self.obs_spec, self.action_spec, self.cfg.model).to(self.device)
+        self.model.eval()
+        self.version = self.weights.pull(self.model)
+        self.splits_per_worker = self.cfg.sampler.worker_num_splits
+        self.envs_per_split = self.cfg.envs_per_split
+        self.busy_sec, self.requests, self.batches = 0.0, 0, 0
+        self.window_start = time.perf_counter()
+        self.event_loop.after_signals.append(self._run_pending)
+        self.report_timer = Timer(self.event_loop, 1.0)
+        self.report_timer.timeout.connect(self._send_report)
+
+    def on_inference_request(self, request: InferenceRequest) -> None:
+        self.pending.append(request)
+
+    def _run_pending(self) -> None:
+        if not self.pending or self.stopped:
+            return
+        started = time.perf_counter()
+        requests, self.pending = self.pending, []
+        if int(self.weights.version[0]) != self.version:
+            self.version = self.weights.pull(self.model)
+        splits = self.buffers.splits
+        rows = torch.tensor([r.split_row for r in requests])
+        buffer_ids = splits.buffer_ids[rows].reshape(-1)
+        steps = splits.step[rows].repeat_interleave(self.envs_per_split)
+        traj = self.buffers.trajectories
+        with torch.inference_mode():
+            obs = {key: t[buffer_ids, steps].to(self.device) for key, t in traj.obs.items()}
+            out = self.model.act(obs)
+            traj.actions[buffer_ids, steps] = out.actions.cpu()
+            traj.log_probs[buffer_ids, steps] = out.log_probs.cpu()
+            traj.values[buffer_ids, steps] = out.values.cpu()
+            traj.versions[buffer_ids, steps] = self.version
+            truncated_rows = [r.split_row for r in requests if r.needs_final_values]
+            if truncated_rows:
+                # Rare (episode ends by time limit): value the final observations of those splits' envs.
+                final = {key: t[truncated_rows].flatten(0, 1).to(self.device) for key, t in splits.final_obs.items()}
+                _, final_values = self.model(final)
+                splits.final_values[truncated_rows] = final_values.cpu().view(len(truncated_rows), -1)
+        ready_by_worker: dict[int, list[tuple[int]]] = {}
+        for request in requests:
+            worker, split = divmod(request.split_row, self.splits_per_worker)
+            ready_by_worker.setdefault(worker, []).append((split,))
+        for worker, splits_ready in ready_by_worker.items():
+            self.emit_many(policy_outputs_signal(worker), splits_ready)
+        self.busy_sec += time.perf_counter() - started
+        self.requests += len(requests)
+        self.batches += 1
+
+    def _send_report(self) -> None:
+        now = time.perf_counter()
+        self.report.emit(
+            InferenceReport(self.index, self.busy_sec, now - self.window_start, self.requests, self.batches)
+        )
+        self.busy_sec, self.requests, self.batches = 0.0, 0, 0
+        self.window_start = now
+
+    def on_stop(self) -> None:
+        self.stopped = True
+        stop_own_loop(self)

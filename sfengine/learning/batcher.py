@@ -1,0 +1,65 @@
+"""Batcher: gathers finished trajectories into training batches, in a thread of the learner process.
+
+    TrajectoriesReady(ids) --> pending ids --(enough for a batch and a free batch slot)--> copy into the slot
+        --> buffers_released_<owner>(ids) back to each owning rollout worker
+        --> training_batch_ready(slot) to the learner;  batch_released(slot) makes the slot free again
+
+Two batch slots: one is trained on while the next is filled. Trajectory buffers are freed right after the
+copy, so rollout workers never wait for a training step to finish.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+from signal_slot.signal_slot import EventLoopObject, signal
+
+from sfengine.buffers import SharedBuffers, TrajectoryBuffers
+from sfengine.messages import TrajectoriesReady
+
+
+def buffers_released_signal(worker: int) -> str:
+    return f"buffers_released_{worker}"
+
+
+class Batcher(EventLoopObject):
+    def __init__(self, event_loop, buffers: SharedBuffers, trajectories_per_batch: int):
+        super().__init__(event_loop, "batcher")
+        self.buffers = buffers
+        self.trajectories_per_batch = trajectories_per_batch
+        self.pending: deque[int] = deque()
+        self.batch_slots: list[TrajectoryBuffers] = []
+        self.free_slots: deque[int] = deque()
+        self.busy_sec = 0.0
+
+    @signal
+    def training_batch_ready(self): ...
+
+    def set_batch_slots(self, slots: list[TrajectoryBuffers]) -> None:
+        """The learner allocates the slots (on its device) before the batcher starts."""
+        self.batch_slots = slots
+        self.free_slots = deque(range(len(slots)))
+
+    def on_trajectories_ready(self, message: TrajectoriesReady) -> None:
+        self.pending.extend(message.buffer_ids)
+        self._assemble()
+
+    def on_batch_released(self, slot: int) -> None:
+        self.free_slots.append(slot)
+        self._assemble()
+
+    def _assemble(self) -> None:
+        while len(self.pending) >= self.trajectories_per_batch and self.free_slots:
+            started = time.perf_counter()
+            slot = self.free_slots.popleft()
+            ids = [self.pending.popleft() for _ in range(self.trajectories_per_batch)]
+            self.batch_slots[slot].copy_rows_(self.buffers.trajectories, torch.tensor(ids))
+            by_owner: dict[int, list[int]] = {}
+            for buffer_id in ids:
+                by_owner.setdefault(self.buffers.owner_of(buffer_id), []).append(buffer_id)
+            for owner, owned in by_owner.items():
+                self.emit(buffers_released_signal(owner), tuple(owned))
+            self.busy_sec += time.perf_counter() - started
+            self.training_batch_ready.emit(slot)

@@ -1,0 +1,139 @@
+"""Learner worker: receives a batch slot, runs one PPO update, publishes the weights, releases the slot.
+
+    training_batch_ready(slot) --> PPOTrainer.train --> SharedWeights.publish(version + 1)
+        --> batch_released(slot), policy_updated(version), report(LearnerReport)
+
+It also owns the checkpoints (every ``save_every_sec`` and at stop) and, in a multi-process run, starts the
+batcher's event loop in a thread of this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+from signal_slot.signal_slot import EventLoopObject, Timer, signal
+
+from sfengine.buffers import SharedBuffers, SharedWeights, TrajectoryBuffers
+from sfengine.checkpoint import save_checkpoint
+from sfengine.config import Config
+from sfengine.event_loop import stop_own_loop
+from sfengine.learning.batcher import Batcher
+from sfengine.learning.ppo_trainer import PPOTrainer
+from sfengine.messages import LearnerReport
+from sfengine.models.actor_critic import ActorCritic
+from sfengine.spaces import ActionSpec, ObsSpec
+
+log = logging.getLogger(__name__)
+
+NUM_BATCH_SLOTS = 2
+
+
+class LearnerWorker(EventLoopObject):
+    def __init__(
+        self,
+        event_loop,
+        cfg: Config,
+        buffers: SharedBuffers,
+        weights: SharedWeights,
+        obs_spec: ObsSpec,
+        action_spec: ActionSpec,
+        batcher: Batcher,
+        resume_state: dict | None,
+    ):
+        super().__init__(event_loop, "learner")
+        self.cfg, self.buffers, self.weights = cfg, buffers, weights
+        self.obs_spec, self.action_spec = obs_spec, action_spec
+        self.batcher = batcher
+        self.resume_state = resume_state
+        self.batcher_thread: threading.Thread | None = None
+        self.stopped = False
+
+    @signal
+    def batch_released(self): ...
+
+    @signal
+    def policy_updated(self): ...
+
+    @signal
+    def report(self): ...
+
+    def on_start(self) -> None:
+        cfg = self.cfg
+        torch.set_num_threads(cfg.learner.learner_threads)
+        self.device = torch.device(cfg.learner.device)
+        self.model = ActorCritic(self.obs_spec, self.action_spec, cfg.model).to(self.device)
+        self.trainer = PPOTrainer(self.model, cfg)
+        self.env_steps, self.version = 0, 0
+        if self.resume_state is not None:
+            self.model.load_state_dict(self.resume_state["model"])
+            self.trainer.optimizer.load_state_dict(self.resume_state["optimizer"])
+            self.env_steps = int(self.resume_state["env_steps"])
+            self.version = int(self.resume_state["policy_version"])
+            self.resume_state = None
+        slots = [
+            TrajectoryBuffers.allocate(
+                cfg.trajectories_per_training_batch, cfg.sampler.rollout, self.obs_spec, self.action_spec, shared=False
+            )
+            for _ in range(NUM_BATCH_SLOTS)
+        ]
+        if self.device.type == "cuda":
+            slots = [slot.pin_memory_() for slot in slots]
+        self.batch_slots = slots
+        self.batcher.set_batch_slots(slots)
+        self.train_sec = 0.0
+        self.last_save = time.time()
+        if cfg.run.save_every_sec > 0:
+            self.save_timer = Timer(self.event_loop, cfg.run.save_every_sec)
+            self.save_timer.timeout.connect(self.save)
+        if self.batcher.event_loop is not self.event_loop:
+            self.batcher_thread = threading.Thread(target=self.batcher.event_loop.exec, name="batcher", daemon=True)
+            self.batcher_thread.start()
+
+    def on_training_batch(self, slot: int) -> None:
+        if self.stopped:
+            return
+        started = time.perf_counter()
+        batch = self.batch_slots[slot]
+        samples = batch.rewards.shape[0] * (batch.rewards.shape[1] - 1)
+        stats: dict[str, float] = {}
+        if not self.cfg.run.benchmark:
+            on_device = batch.to(self.device) if self.device.type != "cpu" else batch
+            stats = self.trainer.train(on_device, self.version, self.env_steps)
+            self.version += 1
+            self.weights.publish(self.model, self.version)
+        self.env_steps += samples
+        self.batch_released.emit(slot)
+        self.policy_updated.emit(self.version)
+        self.train_sec += time.perf_counter() - started
+        self._report(stats)
+
+    def _report(self, stats: dict[str, float], final: bool = False) -> None:
+        batcher_sec, self.batcher.busy_sec = self.batcher.busy_sec, 0.0
+        self.report.emit(LearnerReport(self.env_steps, self.version, self.train_sec, batcher_sec, stats, final))
+        self.train_sec = 0.0
+
+    def checkpoint_state(self) -> dict:
+        return {
+            "model": {name: t.detach().cpu() for name, t in self.model.state_dict().items()},
+            "optimizer": self.trainer.optimizer.state_dict(),
+            "env_steps": self.env_steps,
+            "policy_version": self.version,
+        }
+
+    def save(self) -> None:
+        path = save_checkpoint(self.cfg.experiment_dir, self.checkpoint_state(), self.cfg.run.keep_checkpoints)
+        log.debug("saved %s", path)
+
+    def on_stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        self.save()
+        if self.batcher_thread is not None:
+            self.batcher.event_loop.stop()
+            self.batcher_thread.join(timeout=10)
+        self._report({}, final=True)
+        stop_own_loop(self)

@@ -1,0 +1,53 @@
+"""Named payloads of the signals between components. Each is small: indices, counters and stats, never data."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class InferenceRequest(NamedTuple):
+    """rollout worker -> inference worker: split row ``split_row`` has observations at its current step."""
+
+    split_row: int
+    needs_final_values: bool  # some env truncated: also evaluate V(final_obs) for the bootstrap
+
+
+class TrajectoriesReady(NamedTuple):
+    """rollout worker -> batcher: these buffers hold complete rollouts."""
+
+    buffer_ids: tuple[int, ...]
+
+
+class EpisodeStats(NamedTuple):
+    episode_return: float
+    length: int
+    success: float  # nan when the env does not report success
+
+
+class WorkerReport(NamedTuple):
+    """rollout worker -> runner, about once a second."""
+
+    worker: int
+    episodes: list[EpisodeStats]
+    env_step_sec: float  # time inside env.step/reset
+    busy_sec: float  # time in the worker's slots in total (bookkeeping included)
+    wall_sec: float  # length of the reporting window
+
+
+class InferenceReport(NamedTuple):
+    worker: int
+    busy_sec: float
+    wall_sec: float
+    requests: int
+    batches: int
+
+
+class LearnerReport(NamedTuple):
+    """learner -> runner after every training step (a few per second)."""
+
+    env_steps: int  # env steps consumed by the learner, across resumes
+    policy_version: int
+    train_sec: float
+    batcher_sec: float
+    stats: dict[str, float]
+    final: bool = False  # the last report: the learner has saved its checkpoint and is stopping

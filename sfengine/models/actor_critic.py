@@ -1,0 +1,183 @@
+"""The actor-critic model: one encoder per observation key, concatenated, then a policy head and a value head.
+
+    obs["image"] (uint8 HxWxC) --CNN--+
+    obs["state"] (float D)   --MLP----+--concat--> policy head (categorical logits | Gaussian mean, log-std)
+                                               +--> value head
+
+Continuous actions: the Gaussian is unbounded. The sample and its log-prob are what the learner trains on;
+the env receives the sample clipped to the Box bounds (clipping, not tanh squashing, keeps the log-prob exact
+and the head simple).
+
+Weights, and the running observation statistics (buffers), travel to inference workers in one state_dict.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from sfengine.config import ModelConfig
+from sfengine.spaces import ActionSpec, ObsSpec
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+LOG_2PI = math.log(2 * math.pi)
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance of a vector observation, updated by the learner only."""
+
+    def __init__(self, dim: int, clip: float = 10.0):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("var", torch.ones(dim))
+        self.register_buffer("count", torch.tensor(1e-4))
+        self.clip = clip
+
+    @torch.no_grad()
+    def update(self, x: Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).double()
+        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        total = self.count.double() + n
+        delta = batch_mean - self.mean.double()
+        new_mean = self.mean.double() + delta * n / total
+        m2 = self.var.double() * self.count.double() + batch_var * n + delta.pow(2) * self.count.double() * n / total
+        self.mean.copy_(new_mean)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip)
+
+
+def mlp(sizes: list[int], activation: type[nn.Module]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(fan_in, fan_out), activation()]
+    return nn.Sequential(*layers)
+
+
+class CNNEncoder(nn.Module):
+    """uint8 H x W x C image -> feature vector. Normalises to [0, 1] on the consumer side."""
+
+    def __init__(self, shape: tuple[int, int, int], activation: type[nn.Module], out_dim: int = 256):
+        super().__init__()
+        height, width, channels = shape
+        big = min(height, width) >= 64
+        self.convs = nn.Sequential(
+            nn.Conv2d(channels, 32, 8 if big else 3, stride=4 if big else 2),
+            activation(),
+            nn.Conv2d(32, 64, 4 if big else 3, stride=2),
+            activation(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            activation(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, channels, height, width)).shape[1]
+        self.out = nn.Sequential(nn.Linear(flat, out_dim), activation())
+        self.out_dim = out_dim
+
+    def forward(self, image: Tensor) -> Tensor:
+        x = image.permute(0, 3, 1, 2).float() / 255.0
+        return self.out(self.convs(x))
+
+
+class PolicyOutput(NamedTuple):
+    actions: Tensor  # [N] int64 or [N, A] float
+    log_probs: Tensor  # [N]
+    values: Tensor  # [N]
+
+
+class ActorCritic(nn.Module):
+    def __init__(self, obs_spec: ObsSpec, action_spec: ActionSpec, cfg: ModelConfig):
+        super().__init__()
+        self.obs_spec, self.action_spec = obs_spec, action_spec
+        activation = ACTIVATIONS[cfg.activation]
+        self.keys = sorted(obs_spec.shapes)
+        self.encoders = nn.ModuleDict()
+        self.normalizers = nn.ModuleDict()
+        features = 0
+        for key in self.keys:
+            shape = obs_spec.shapes[key]
+            if obs_spec.is_image(key):
+                encoder = CNNEncoder(shape, activation)
+                features += encoder.out_dim
+            else:
+                if cfg.normalize_input:
+                    self.normalizers[key] = RunningMeanStd(shape[0])
+                encoder = mlp([shape[0], *cfg.hidden_sizes], activation)
+                features += cfg.hidden_sizes[-1]
+            self.encoders[key] = encoder
+        self.value_head = nn.Linear(features, 1)
+        self.state_dependent_std = cfg.continuous_log_std == "state_dependent"
+        if action_spec.discrete:
+            self.policy_head = nn.Linear(features, action_spec.num_actions)
+        else:
+            out = action_spec.dim * (2 if self.state_dependent_std else 1)
+            self.policy_head = nn.Linear(features, out)
+            self.log_std = nn.Parameter(torch.full((action_spec.dim,), cfg.initial_log_std))
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                nn.init.orthogonal_(module.weight, gain=math.sqrt(2))
+                nn.init.zeros_(module.bias)
+        # Small policy output: a near-uniform (or unit-variance) first policy explores evenly.
+        nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
+        nn.init.orthogonal_(self.value_head.weight, gain=1.0)
+
+    def update_normalizers(self, obs: dict[str, Tensor]) -> None:
+        for key, normalizer in self.normalizers.items():
+            normalizer.update(obs[key])
+
+    def forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """obs: dict of [N, ...] tensors -> (policy parameters [N, P], values [N])."""
+        parts = []
+        for key in self.keys:
+            x = obs[key]
+            if key in self.normalizers:
+                x = self.normalizers[key](x)
+            parts.append(self.encoders[key](x))
+        features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        return self.policy_head(features), self.value_head(features).squeeze(-1)
+
+    def _mean_log_std(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        if self.state_dependent_std:
+            mean, log_std = params.chunk(2, dim=-1)
+            return mean, log_std.clamp(-5.0, 2.0)
+        return params, self.log_std.clamp(-5.0, 2.0).expand_as(params)
+
+    def sample(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        """Draw actions and their log-probs. Written with plain ops: torch.distributions validation
+        costs more than the whole forward pass at inference batch sizes."""
+        if self.action_spec.discrete:
+            log_p = torch.log_softmax(params, dim=-1)
+            actions = torch.multinomial(log_p.exp(), 1).squeeze(-1)
+            return actions, log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        mean, log_std = self._mean_log_std(params)
+        noise = torch.randn_like(mean)
+        actions = mean + noise * log_std.exp()
+        log_probs = (-0.5 * noise.pow(2) - log_std - 0.5 * LOG_2PI).sum(-1)
+        return actions, log_probs
+
+    def log_prob_entropy(self, params: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """Log-prob of given actions and the policy entropy, both [N]."""
+        if self.action_spec.discrete:
+            log_p = torch.log_softmax(params, dim=-1)
+            entropy = -(log_p.exp() * log_p).sum(-1)
+            return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy
+        mean, log_std = self._mean_log_std(params)
+        z = (actions - mean) / log_std.exp()
+        log_probs = (-0.5 * z.pow(2) - log_std - 0.5 * LOG_2PI).sum(-1)
+        entropy = (0.5 + 0.5 * LOG_2PI + log_std).sum(-1)
+        return log_probs, entropy
+
+    @torch.no_grad()
+    def act(self, obs: dict[str, Tensor]) -> PolicyOutput:
+        params, values = self(obs)
+        actions, log_probs = self.sample(params)
+        return PolicyOutput(actions, log_probs, values)

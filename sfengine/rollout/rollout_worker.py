@@ -1,0 +1,286 @@
+"""Rollout worker: steps ``num_envs_per_worker`` envs in ``worker_num_splits`` double-buffered groups.
+
+    split 0: step envs -> write obs -> request ......... wait .......... actions -> step envs -> ...
+    split 1: ........... wait .......... actions -> step envs -> write obs -> request ......... wait
+
+While a split waits for the inference worker, the other split steps, so the CPU stays on the envs.
+
+Per step t of a split, the worker writes obs[t+1], rewards[t], terminated[t], truncated[t] into the split's
+trajectory buffers (shared memory) and sends an ``InferenceRequest`` naming only the split. The inference
+worker writes actions, log-probs, values and the policy version at [buffer, t]. After ``rollout`` steps the
+buffers go to the batcher and fresh ones are taken from this worker's free list.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+
+import numpy as np
+import torch
+from signal_slot.signal_slot import EventLoopObject, Timer, signal
+
+from sfengine.buffers import SharedBuffers
+from sfengine.config import Config
+from sfengine.env_registry import EnvContext, EnvFactory
+from sfengine.event_loop import stop_own_loop
+from sfengine.messages import EpisodeStats, InferenceRequest, TrajectoriesReady, WorkerReport
+from sfengine.spaces import ActionSpec, obs_as_dict
+
+log = logging.getLogger(__name__)
+
+POLICY_FIELDS = ("actions", "log_probs", "values", "versions")
+
+
+class SplitRunner:
+    """One group of envs of a worker and the state of its current rollout."""
+
+    def __init__(self, envs: list, row: int):
+        self.envs = envs
+        self.row = row  # row in SplitState: worker * num_splits + split
+        self.buffer_ids = np.zeros(len(envs), dtype=np.int64)
+        self.t = 0
+        self.episode_returns = np.zeros(len(envs), dtype=np.float64)
+        self.episode_lengths = np.zeros(len(envs), dtype=np.int64)
+        self.truncated_envs: list[int] = []  # envs whose final obs awaits V(final_obs)
+        self.held: dict[str, np.ndarray] | None = None  # last step of a rollout while the split waits
+        self.may_resume = True  # False while it waits for a new policy (synchronous mode)
+        self.rollouts_since_update = 0
+
+
+class RolloutWorker(EventLoopObject):
+    def __init__(
+        self,
+        event_loop,
+        worker: int,
+        cfg: Config,
+        buffers: SharedBuffers,
+        env_factory: EnvFactory,
+        action_spec: ActionSpec,
+    ):
+        super().__init__(event_loop, f"rollout_worker_{worker}")
+        self.worker, self.cfg, self.buffers = worker, cfg, buffers
+        self.env_factory, self.action_spec = env_factory, action_spec
+        self.splits: list[SplitRunner] = []
+        self.free_ids: deque[int] = deque(buffers.worker_buffer_ids(worker))
+        self.waiting_splits: deque[SplitRunner] = deque()  # at a rollout boundary, waiting for buffers or a policy
+        self.sync_rollouts = 0 if cfg.sampler.async_rl else self._rollouts_per_update(cfg)
+        self.stopped = False
+
+    @staticmethod
+    def _rollouts_per_update(cfg: Config) -> int:
+        s = cfg.sampler
+        return cfg.samples_per_training_batch // (s.num_workers * s.num_envs_per_worker * s.rollout)
+
+    @signal
+    def inference_request(self): ...
+
+    @signal
+    def trajectories_ready(self): ...
+
+    @signal
+    def report(self): ...
+
+    # ---------------------------------------------------------------- start-up
+
+    def on_start(self) -> None:
+        torch.set_num_threads(1)
+        cfg = self.cfg
+        traj = self.buffers.trajectories
+        self.traj = traj.numpy_views()
+        self.obs_np = {key: t.numpy() for key, t in traj.obs.items()}
+        self.split_ids_np = self.buffers.splits.buffer_ids.numpy()
+        self.split_step_np = self.buffers.splits.step.numpy()
+        self.final_obs_np = {key: t.numpy() for key, t in self.buffers.splits.final_obs.items()}
+        self.final_values_np = self.buffers.splits.final_values.numpy()
+        if not self.action_spec.discrete:
+            self.action_low = np.asarray(self.action_spec.low, dtype=np.float32)
+            self.action_high = np.asarray(self.action_spec.high, dtype=np.float32)
+        self.rollout = cfg.sampler.rollout
+
+        envs_per_split = cfg.envs_per_split
+        for split in range(cfg.sampler.worker_num_splits):
+            envs = []
+            for i in range(envs_per_split):
+                env_index = split * envs_per_split + i
+                seed = cfg.env.seed * 1_000_003 + self.worker * cfg.sampler.num_envs_per_worker + env_index
+                ctx = EnvContext(cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps)
+                env = self.env_factory(ctx)
+                envs.append(env)
+            self.splits.append(SplitRunner(envs, self.worker * cfg.sampler.worker_num_splits + split))
+
+        self.finished_episodes: list[EpisodeStats] = []
+        self.env_step_sec = self.busy_sec = 0.0
+        self.window_start = time.perf_counter()
+        self.report_timer = Timer(self.event_loop, 1.0)
+        self.report_timer.timeout.connect(self._send_report)
+
+        for split in self.splits:
+            started = time.perf_counter()
+            self._take_buffers(split)
+            for i, env in enumerate(split.envs):
+                obs, _ = env.reset(seed=int(cfg.env.seed * 1_000_003 + self.worker * 1000 + split.row * 100 + i))
+                self._write_obs(obs_as_dict(obs), split.buffer_ids[i], 0)
+            self.env_step_sec += time.perf_counter() - started
+            self._request(split)
+
+    def _take_buffers(self, split: SplitRunner) -> None:
+        for i in range(len(split.envs)):
+            split.buffer_ids[i] = self.free_ids.popleft()
+        split.t = 0
+        self.split_ids_np[split.row] = split.buffer_ids
+
+    def _write_obs(self, obs: dict, buffer_id: int, t: int) -> None:
+        for key, value in obs.items():
+            self.obs_np[key][buffer_id, t] = value
+
+    def _request(self, split: SplitRunner) -> None:
+        self.split_step_np[split.row] = split.t
+        self.inference_request.emit(InferenceRequest(split.row, bool(split.truncated_envs)))
+
+    # ---------------------------------------------------------------- the hot path
+
+    def on_policy_outputs(self, split_index: int) -> None:
+        """The inference worker has written actions for this split's step t: finish the step, take the next."""
+        if self.stopped:
+            return
+        started = time.perf_counter()
+        split = self.splits[split_index]
+        ids, t = split.buffer_ids, split.t
+        if split.truncated_envs:
+            # V(final obs) of episodes truncated at step t-1 bootstraps their last reward.
+            prev = t - 1
+            for i in split.truncated_envs:
+                self.traj["truncation_values"][ids[i], prev] = self.final_values_np[split.row, i]
+            split.truncated_envs = []
+        if t == self.rollout:
+            if not self._finish_rollout(split):
+                self.busy_sec += time.perf_counter() - started
+                return
+            ids, t = split.buffer_ids, 0
+        self._step_envs(split, ids, t)
+        self.busy_sec += time.perf_counter() - started
+
+    def _step_envs(self, split: SplitRunner, ids: np.ndarray, t: int) -> None:
+        actions = self.traj["actions"][ids, t]
+        if not self.action_spec.discrete:
+            actions = np.clip(actions, self.action_low, self.action_high)
+        rewards = np.empty(len(ids), dtype=np.float32)
+        terminated = np.zeros(len(ids), dtype=bool)
+        truncated = np.zeros(len(ids), dtype=bool)
+        env_started = time.perf_counter()
+        for i, env in enumerate(split.envs):
+            obs, reward, term, trunc, info = env.step(actions[i])
+            rewards[i] = reward
+            if term or trunc:
+                terminated[i], truncated[i] = term, trunc and not term
+                self._end_episode(split, i, float(reward), info)
+                if truncated[i]:
+                    for key, value in obs_as_dict(obs).items():
+                        self.final_obs_np[key][split.row, i] = value
+                    split.truncated_envs.append(i)
+                obs, _ = env.reset()
+            else:
+                split.episode_returns[i] += reward
+                split.episode_lengths[i] += 1
+            self._write_obs(obs_as_dict(obs), ids[i], t + 1)
+        self.env_step_sec += time.perf_counter() - env_started
+        self.traj["rewards"][ids, t] = rewards
+        self.traj["terminated"][ids, t] = terminated
+        self.traj["truncated"][ids, t] = truncated
+        split.t = t + 1
+        self._request(split)
+
+    def _end_episode(self, split: SplitRunner, i: int, last_reward: float, info: dict) -> None:
+        success = info.get("success", info.get("is_success", math.nan))
+        self.finished_episodes.append(
+            EpisodeStats(
+                float(split.episode_returns[i] + last_reward), int(split.episode_lengths[i] + 1), float(success)
+            )
+        )
+        split.episode_returns[i] = 0.0
+        split.episode_lengths[i] = 0
+
+    def _finish_rollout(self, split: SplitRunner) -> bool:
+        """Hand the full buffers to the batcher; continue in fresh ones. False if the split must wait."""
+        ids, last = split.buffer_ids, self.rollout
+        # Keep the last step (obs and policy output): it is step 0 of the next rollout.
+        split.held = {name: self.traj[f"obs.{key}"][ids, last] for name, key in self._obs_names()}
+        split.held.update({name: self.traj[name][ids, last] for name in POLICY_FIELDS})
+        self.trajectories_ready.emit(TrajectoriesReady(tuple(int(i) for i in ids)))
+        split.rollouts_since_update += 1
+        if self.sync_rollouts and split.rollouts_since_update >= self.sync_rollouts:
+            # On-policy: the next rollout must start with the next policy's actions, so drop these.
+            split.held = {name: value for name, value in split.held.items() if name.startswith("obs.")}
+            split.may_resume = False
+            self.waiting_splits.append(split)
+            return False
+        if len(self.free_ids) < len(split.envs):
+            self.waiting_splits.append(split)
+            return False
+        self._continue_in_new_buffers(split)
+        return True
+
+    def _obs_names(self):
+        return [(f"obs.{key}", key) for key in self.obs_np]
+
+    def _continue_in_new_buffers(self, split: SplitRunner) -> None:
+        self._take_buffers(split)
+        for name, value in split.held.items():
+            self.traj[name][split.buffer_ids, 0] = value
+        split.held = None
+
+    def _resume_waiting(self) -> None:
+        started = time.perf_counter()
+        while self.waiting_splits and len(self.free_ids) >= len(self.waiting_splits[0].envs):
+            split = self.waiting_splits[0]
+            if not split.may_resume:
+                break
+            self.waiting_splits.popleft()
+            needs_policy = "actions" not in split.held
+            self._continue_in_new_buffers(split)
+            if needs_policy:
+                split.rollouts_since_update = 0
+                self._request(split)
+            else:
+                self._step_envs(split, split.buffer_ids, 0)
+        self.busy_sec += time.perf_counter() - started
+
+    def on_buffers_released(self, buffer_ids: tuple[int, ...]) -> None:
+        self.free_ids.extend(buffer_ids)
+        if self.waiting_splits and not self.stopped:
+            self._resume_waiting()
+
+    def on_policy_updated(self, version: int) -> None:
+        """Synchronous mode: a new policy exists, so splits that finished their share may collect again."""
+        for split in self.waiting_splits:
+            split.may_resume = True
+        if self.waiting_splits and not self.stopped:
+            self._resume_waiting()
+
+    # ---------------------------------------------------------------- stats and shutdown
+
+    def _send_report(self) -> None:
+        now = time.perf_counter()
+        self.report.emit(
+            WorkerReport(self.worker, self.finished_episodes, self.env_step_sec, self.busy_sec, now - self.window_start)
+        )
+        self.finished_episodes = []
+        self.env_step_sec = self.busy_sec = 0.0
+        self.window_start = now
+
+    def on_stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.splits:
+            self._send_report()
+        for split in self.splits:
+            for env in split.envs:
+                try:
+                    env.close()
+                except Exception:  # noqa: BLE001  (a failing close must not block the shutdown of the others)
+                    log.exception("closing an env of worker %d failed", self.worker)
+        stop_own_loop(self)

@@ -1,0 +1,291 @@
+"""The runner: builds every component, wires the signals in one place, watches the run and stops it.
+
+Processes (multi-process mode):
+
+    main process:     Runner (stats, status line, TensorBoard, stop conditions, summary.json)
+    rollout_worker_k: RolloutWorker k            (num_workers processes)
+    inference_i:      InferenceWorker i          (num_inference_workers processes)
+    learner:          LearnerWorker + a thread running the Batcher's loop
+
+In serial mode every component lives on the runner's loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal as os_signal
+import time
+from dataclasses import dataclass
+
+from signal_slot.signal_slot import EventLoopObject, Timer, signal
+from tensorboardX import SummaryWriter
+
+from sfengine.buffers import SharedBuffers, SharedWeights
+from sfengine.config import Config
+from sfengine.env_registry import EnvFactory
+from sfengine.event_loop import EngineEventLoop, EngineProcess
+from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
+from sfengine.learning.batcher import Batcher, buffers_released_signal
+from sfengine.learning.learner_worker import LearnerWorker
+from sfengine.messages import InferenceReport, LearnerReport, WorkerReport
+from sfengine.models.actor_critic import ActorCritic
+from sfengine.spaces import ActionSpec, ObsSpec
+from sfengine.stats import FPS_WINDOWS, RunStats
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_SEC = 60.0
+
+
+@dataclass
+class Components:
+    workers: list
+    inference_workers: list
+    batcher: Batcher
+    learner: LearnerWorker
+    processes: list[EngineProcess]
+
+
+def connect_components(runner: Runner, c: Components, num_inference_workers: int) -> None:
+    """The whole data flow of the engine, in one place."""
+    for w, worker in enumerate(c.workers):
+        inference = c.inference_workers[w % num_inference_workers]
+        worker.inference_request.connect(inference.on_inference_request)
+        inference.connect(policy_outputs_signal(w), worker.on_policy_outputs)
+        worker.trajectories_ready.connect(c.batcher.on_trajectories_ready)
+        c.batcher.connect(buffers_released_signal(w), worker.on_buffers_released)
+        c.learner.policy_updated.connect(worker.on_policy_updated)
+        worker.report.connect(runner.on_worker_report)
+    for inference in c.inference_workers:
+        inference.report.connect(runner.on_inference_report)
+    c.batcher.training_batch_ready.connect(c.learner.on_training_batch)
+    c.learner.batch_released.connect(c.batcher.on_batch_released)
+    c.learner.report.connect(runner.on_learner_report)
+    for component in (*c.workers, *c.inference_workers, c.learner):
+        component.event_loop.start.connect(component.on_start)
+        runner.stop.connect(component.on_stop)
+
+
+class Runner(EventLoopObject):
+    def __init__(self, event_loop, cfg: Config, initial_env_steps: int):
+        super().__init__(event_loop, "runner")
+        self.cfg = cfg
+        self.stats = RunStats(cfg.run.stats_window, initial_env_steps)
+        self.processes: list[EngineProcess] = []
+        self.stop_reason: str | None = None
+        self.stop_started = 0.0
+        self.exit_code = 0
+        self.interrupts = 0
+        self.writer: SummaryWriter | None = None
+
+    @signal
+    def stop(self): ...
+
+    def on_start(self) -> None:
+        self.writer = SummaryWriter(str(self.cfg.experiment_dir / "tensorboard"), flush_secs=10)
+        self.stats.started = time.time()
+        self.watch_timer = Timer(self.event_loop, 0.1)
+        self.watch_timer.timeout.connect(self._watch)
+        self.status_timer = Timer(self.event_loop, max(self.cfg.run.report_every_sec, 0.5))
+        self.status_timer.timeout.connect(self._status)
+
+    def on_worker_report(self, report: WorkerReport) -> None:
+        self.stats.add_worker_report(report)
+
+    def on_inference_report(self, report: InferenceReport) -> None:
+        self.stats.add_inference_report(report)
+
+    def on_learner_report(self, report: LearnerReport) -> None:
+        self.stats.add_learner_report(report)
+
+    def request_stop(self, reason: str, exit_code: int = 0) -> None:
+        if self.stop_reason is not None:
+            return
+        log.info("stopping: %s", reason)
+        self.stop_reason, self.exit_code = reason, exit_code
+        self.stop_started = time.time()
+        self.stop.emit()
+
+    def _watch(self) -> None:
+        run = self.cfg.run
+        if self.stop_reason is None:
+            if self.stats.env_steps >= run.train_for_env_steps:
+                self.request_stop(f"reached {self.stats.env_steps} env steps")
+            elif run.train_for_seconds and time.time() - self.stats.started >= run.train_for_seconds:
+                self.request_stop(f"trained for {run.train_for_seconds:g} s")
+            elif self.interrupts:
+                self.request_stop("interrupted by a signal")
+            else:
+                dead = [p for p in self.processes if not p.is_alive()]
+                if dead:
+                    names = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
+                    log.error("a component process died: %s; stopping the run", names)
+                    self.request_stop(f"process died: {names}", exit_code=1)
+            return
+        children_done = all(not p.is_alive() for p in self.processes)
+        if (self.processes and children_done) or (not self.processes and self.stats.final_learner_report):
+            self.event_loop.stop()
+        elif time.time() - self.stop_started > STOP_TIMEOUT_SEC:
+            log.error("components did not stop within %.0f s; terminating them", STOP_TIMEOUT_SEC)
+            self.exit_code = 1
+            terminate_processes(self.processes)
+            self.event_loop.stop()
+
+    def _status(self) -> None:
+        stats, summary = self.stats, self.stats.summary()
+        fps = {w: stats.fps(w) for w in FPS_WINDOWS}
+        split = stats.time_split()
+        learner = stats.take_learner_means()
+        ret = summary["episode_return_mean"]
+        line = (
+            f"[{summary['wall_seconds']:7.1f}s] steps {stats.env_steps:>10,}  FPS "
+            + "/".join(f"{fps[w]:.0f}" for w in FPS_WINDOWS)
+            + f" (10/60/300s)  return {ret if ret is None else round(ret, 2)}"
+            + (f"  success {summary['success_rate']:.2f}" if "success_rate" in summary else "")
+            + f"  lag {learner.get('policy_lag_mean', float('nan')):.1f}"
+            + "  time: "
+            + " ".join(f"{name} {100 * value:.0f}%" for name, value in split.items())
+        )
+        print(line, flush=True)
+        if self.writer is None:
+            return
+        step = stats.env_steps
+        for w in FPS_WINDOWS:
+            self.writer.add_scalar(f"perf/fps_{w}s", fps[w], step)
+        for name, value in split.items():
+            self.writer.add_scalar(f"perf/time_{name}", value, step)
+        for name in ("episode_return_mean", "episode_len_mean", "success_rate"):
+            if summary.get(name) is not None:
+                self.writer.add_scalar(f"episodes/{name}", summary[name], step)
+        for name, value in learner.items():
+            self.writer.add_scalar(f"train/{name}", value, step)
+
+    def finish(self) -> dict:
+        """Write summary.json and close TensorBoard; called once the loop has exited."""
+        summary = self.stats.summary()
+        summary.update(stop_reason=self.stop_reason, exit_code=self.exit_code)
+        path = self.cfg.experiment_dir / "summary.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, path)
+        if self.writer is not None:
+            self.writer.close()
+        return summary
+
+
+def terminate_processes(processes: list[EngineProcess], grace_sec: float = 5.0) -> None:
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.time() + grace_sec
+    for p in processes:
+        p.join(max(0.0, deadline - time.time()))
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+def build_components(
+    cfg: Config,
+    runner_loop: EngineEventLoop,
+    buffers: SharedBuffers,
+    weights: SharedWeights,
+    env_factory: EnvFactory,
+    obs_spec: ObsSpec,
+    action_spec: ActionSpec,
+    resume_state: dict | None,
+    mp_context,
+) -> Components:
+    from sfengine.rollout.rollout_worker import RolloutWorker
+
+    serial = cfg.sampler.serial_mode
+    processes: list[EngineProcess] = []
+
+    def loop_for(name: str):
+        if serial:
+            return runner_loop
+        process = EngineProcess(f"{name}_process", mp_context)
+        processes.append(process)
+        return process.event_loop
+
+    workers = [
+        RolloutWorker(loop_for(f"rollout_worker_{w}"), w, cfg, buffers, env_factory, action_spec)
+        for w in range(cfg.sampler.num_workers)
+    ]
+    inference_workers = [
+        InferenceWorker(loop_for(f"inference_worker_{i}"), i, cfg, buffers, weights, obs_spec, action_spec)
+        for i in range(cfg.sampler.num_inference_workers)
+    ]
+    learner_loop = loop_for("learner")
+    batcher_loop = runner_loop if serial else EngineEventLoop("batcher_evt_loop")
+    batcher = Batcher(batcher_loop, buffers, cfg.trajectories_per_training_batch)
+    learner = LearnerWorker(learner_loop, cfg, buffers, weights, obs_spec, action_spec, batcher, resume_state)
+    return Components(workers, inference_workers, batcher, learner, processes)
+
+
+def run(
+    cfg: Config,
+    env_factory: EnvFactory,
+    obs_spec: ObsSpec,
+    action_spec: ActionSpec,
+    model: ActorCritic,
+    resume_state: dict | None,
+) -> int:
+    """Train until a stop condition; return the process exit code."""
+    mp_context = multiprocessing.get_context("spawn")
+    initial_version = int(resume_state["policy_version"]) if resume_state else 0
+    initial_env_steps = int(resume_state["env_steps"]) if resume_state else 0
+
+    buffers = SharedBuffers.allocate(cfg, obs_spec, action_spec)
+    weights = SharedWeights.allocate(model, mp_context)
+    weights.publish(model, initial_version)
+
+    runner_loop = EngineEventLoop("runner_evt_loop", serial_mode=cfg.sampler.serial_mode)
+    runner = Runner(runner_loop, cfg, initial_env_steps)
+    runner_loop.start.connect(runner.on_start)
+    components = build_components(
+        cfg, runner_loop, buffers, weights, env_factory, obs_spec, action_spec, resume_state, mp_context
+    )
+    connect_components(runner, components, cfg.sampler.num_inference_workers)
+    runner.processes = components.processes
+
+    previous_handlers = install_signal_handlers(runner)
+    try:
+        for process in components.processes:
+            process.start()
+        runner_loop.exec()
+    except BaseException:
+        terminate_processes(components.processes)
+        raise
+    finally:
+        for signum, handler in previous_handlers.items():
+            os_signal.signal(signum, handler)
+    for process in components.processes:
+        process.join(STOP_TIMEOUT_SEC)
+    terminate_processes(components.processes)
+    summary = runner.finish()
+    print(json.dumps(summary), flush=True)
+    return runner.exit_code
+
+
+def install_signal_handlers(runner: Runner) -> dict:
+    """First SIGINT/SIGTERM: stop cleanly (checkpoint, join, summary). Second: kill the children and exit now."""
+
+    def handler(signum, _frame):
+        runner.interrupts += 1
+        if runner.interrupts == 1:
+            print(f"\n{os_signal.Signals(signum).name}: saving a checkpoint and stopping (again to force)", flush=True)
+            return
+        print("forced exit: killing every component", flush=True)
+        for p in runner.processes:
+            if p.is_alive():
+                p.kill()
+        os._exit(130)
+
+    previous = {}
+    for signum in (os_signal.SIGINT, os_signal.SIGTERM):
+        previous[signum] = os_signal.signal(signum, handler)
+    return previous

@@ -1,0 +1,91 @@
+"""What the engine needs to know about an env's observation and action spaces, and nothing more.
+
+Every observation is handled as a dict of named arrays: a plain Box becomes ``{"obs": array}``. Images are
+``uint8`` arrays of shape H x W x C; everything else is a float32 vector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+DEFAULT_OBS_KEY = "obs"
+
+
+@dataclass(frozen=True)
+class ObsSpec:
+    """Shapes and dtypes of the observation keys (``image`` keys are uint8 H x W x C)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, torch.dtype]
+
+    def is_image(self, key: str) -> bool:
+        return self.dtypes[key] == torch.uint8 and len(self.shapes[key]) == 3
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """A Discrete action (``num_actions``) or a 1-D Box action (``low``/``high``, shape ``(dim,)``)."""
+
+    discrete: bool
+    num_actions: int = 0
+    dim: int = 0
+    low: tuple[float, ...] = ()
+    high: tuple[float, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return () if self.discrete else (self.dim,)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.int64 if self.discrete else torch.float32
+
+
+class UnsupportedSpaceError(ValueError):
+    pass
+
+
+def _box_spec(key: str, space: gym.Space) -> tuple[tuple[int, ...], torch.dtype]:
+    if not isinstance(space, gym.spaces.Box):
+        raise UnsupportedSpaceError(
+            f"observation '{key}' is a {type(space).__name__}; sfengine supports Box and Dict-of-Box observations "
+            "(wrap the env to convert it)"
+        )
+    if space.dtype == np.uint8 and len(space.shape) == 3:
+        return tuple(space.shape), torch.uint8
+    if len(space.shape) != 1:
+        raise UnsupportedSpaceError(
+            f"observation '{key}' has shape {space.shape}; use a flat vector or a uint8 H x W x C image"
+        )
+    return tuple(space.shape), torch.float32
+
+
+def obs_spec_from_space(space: gym.Space) -> ObsSpec:
+    items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else [(DEFAULT_OBS_KEY, space)]
+    shapes, dtypes = {}, {}
+    for key, sub in items:
+        shapes[key], dtypes[key] = _box_spec(key, sub)
+    return ObsSpec(shapes, dtypes)
+
+
+def action_spec_from_space(space: gym.Space) -> ActionSpec:
+    if isinstance(space, gym.spaces.Discrete):
+        return ActionSpec(discrete=True, num_actions=int(space.n))
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+        return ActionSpec(
+            discrete=False,
+            dim=int(space.shape[0]),
+            low=tuple(float(x) for x in space.low),
+            high=tuple(float(x) for x in space.high),
+        )
+    raise UnsupportedSpaceError(
+        f"action space {space} is not supported; sfengine supports Discrete and 1-D Box actions"
+    )
+
+
+def obs_as_dict(obs) -> dict[str, np.ndarray]:
+    return obs if isinstance(obs, dict) else {DEFAULT_OBS_KEY: obs}

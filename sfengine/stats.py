@@ -1,0 +1,110 @@
+"""Run statistics, owned by the runner: FPS windows, episodes, learner figures and where the time goes."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import numpy as np
+
+from sfengine.messages import InferenceReport, LearnerReport, WorkerReport
+
+FPS_WINDOWS = (10, 60, 300)
+
+
+class RunStats:
+    def __init__(self, stats_window: int, initial_env_steps: int):
+        self.started = time.time()
+        self.initial_env_steps = initial_env_steps
+        self.env_steps = initial_env_steps
+        self.policy_version = 0
+        self.episodes = 0
+        self.returns: deque[float] = deque(maxlen=stats_window)
+        self.lengths: deque[int] = deque(maxlen=stats_window)
+        self.successes: deque[float] = deque(maxlen=stats_window)
+        self.step_history: deque[tuple[float, int]] = deque([(self.started, initial_env_steps)])
+        self.learner_stats: dict[str, list[float]] = {}
+        self.lag_sum = self.lag_count = 0.0
+        self.final_learner_report = False
+        self._reset_time_split()
+
+    def _reset_time_split(self) -> None:
+        self.split_started = time.time()
+        self.worker_env = self.worker_busy = self.worker_wall = 0.0
+        self.inference_busy = self.inference_wall = 0.0
+        self.learner_busy = self.batcher_busy = 0.0
+
+    def add_worker_report(self, report: WorkerReport) -> None:
+        for episode in report.episodes:
+            self.episodes += 1
+            self.returns.append(episode.episode_return)
+            self.lengths.append(episode.length)
+            if not math.isnan(episode.success):
+                self.successes.append(episode.success)
+        self.worker_env += report.env_step_sec
+        self.worker_busy += report.busy_sec
+        self.worker_wall += report.wall_sec
+
+    def add_inference_report(self, report: InferenceReport) -> None:
+        self.inference_busy += report.busy_sec
+        self.inference_wall += report.wall_sec
+
+    def add_learner_report(self, report: LearnerReport) -> None:
+        self.env_steps = report.env_steps
+        self.policy_version = report.policy_version
+        self.learner_busy += report.train_sec
+        self.batcher_busy += report.batcher_sec
+        self.step_history.append((time.time(), report.env_steps))
+        while len(self.step_history) > 2 and self.step_history[1][0] < time.time() - max(FPS_WINDOWS):
+            self.step_history.popleft()
+        for name, value in report.stats.items():
+            self.learner_stats.setdefault(name, []).append(value)
+        if "policy_lag_mean" in report.stats:
+            self.lag_sum += report.stats["policy_lag_mean"]
+            self.lag_count += 1
+        self.final_learner_report |= report.final
+
+    def fps(self, window: float) -> float:
+        now, steps = time.time(), self.env_steps
+        past = [(t, s) for t, s in self.step_history if t >= now - window]
+        t0, s0 = past[0] if past else self.step_history[-1]
+        if len(past) < 2 and self.step_history:
+            t0, s0 = self.step_history[0]
+        return (steps - s0) / max(now - t0, 1e-6) if steps > s0 else 0.0
+
+    def time_split(self) -> dict[str, float]:
+        """Fractions of wall time: rollout workers stepping envs / waiting for actions, inference and learner busy."""
+        wall = max(time.time() - self.split_started, 1e-6)
+        worker_wall = max(self.worker_wall, 1e-6)
+        split = {
+            "env_step": self.worker_env / worker_wall,
+            "wait_actions": max(0.0, 1.0 - self.worker_busy / worker_wall) if self.worker_wall else 0.0,
+            "inference": self.inference_busy / max(self.inference_wall, 1e-6),
+            "learner": self.learner_busy / wall,
+            "batcher": self.batcher_busy / wall,
+        }
+        self._reset_time_split()
+        return split
+
+    def take_learner_means(self) -> dict[str, float]:
+        means = {name: float(np.mean(values)) for name, values in self.learner_stats.items() if values}
+        self.learner_stats = {}
+        return means
+
+    def summary(self) -> dict:
+        wall = time.time() - self.started
+        summary = {
+            "env_steps": int(self.env_steps),
+            "env_steps_this_run": int(self.env_steps - self.initial_env_steps),
+            "wall_seconds": round(wall, 3),
+            "fps": round((self.env_steps - self.initial_env_steps) / max(wall, 1e-6), 1),
+            "episodes": self.episodes,
+            "episode_return_mean": float(np.mean(self.returns)) if self.returns else None,
+            "episode_len_mean": float(np.mean(self.lengths)) if self.lengths else None,
+            "policy_lag_mean": self.lag_sum / self.lag_count if self.lag_count else None,
+            "policy_version": self.policy_version,
+        }
+        if self.successes:
+            summary["success_rate"] = float(np.mean(self.successes))
+        return summary

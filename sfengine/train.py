@@ -1,0 +1,95 @@
+"""``python -m sfengine.train``: parse the config, prepare the experiment directory, and run.
+
+Exit codes: 0 finished (including a clean stop on SIGINT/SIGTERM), 1 the run failed, 2 bad input (configuration,
+env name, checkpoint). Bad input is reported on one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+
+import torch
+
+from sfengine.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
+from sfengine.config import Config, ConfigError, parse_config, save_config
+from sfengine.env_registry import EnvContext, EnvFactory, resolve_env_factory
+from sfengine.models.actor_critic import ActorCritic
+from sfengine.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space
+
+log = logging.getLogger("sfengine")
+
+
+def prepare_experiment_dir(cfg: Config) -> dict | None:
+    """Apply --restart_behavior; return the checkpoint to resume from (None: a fresh start)."""
+    directory = cfg.experiment_dir
+    behavior = cfg.run.restart_behavior
+    if directory.exists() and behavior == "overwrite":
+        shutil.rmtree(directory)
+    elif directory.exists() and behavior == "restart":
+        aside = directory.with_name(f"{directory.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        directory.rename(aside)
+        print(f"previous run of '{cfg.run.experiment}' moved to {aside}", flush=True)
+    resume_state = load_latest_checkpoint(directory) if behavior == "resume" else None
+    directory.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, directory / "config.json")
+    return resume_state
+
+
+def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec]:
+    """Build one env in this process to learn its spaces, then close it."""
+    try:
+        env = factory(EnvContext(cfg.env.env, -1, 0, cfg.env.seed, cfg.env.max_episode_steps))
+    except Exception as exc:  # noqa: BLE001  (any failure here is a failure to build the user's env)
+        raise ConfigError(f"env '{cfg.env.env}' could not be created: {type(exc).__name__}: {exc}") from None
+    try:
+        return obs_spec_from_space(env.observation_space), action_spec_from_space(env.action_space)
+    except UnsupportedSpaceError as exc:
+        raise ConfigError(f"env '{cfg.env.env}': {exc}") from None
+    finally:
+        env.close()
+
+
+def build_model(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, resume_state: dict | None) -> ActorCritic:
+    torch.manual_seed(cfg.env.seed)
+    model = ActorCritic(obs_spec, action_spec, cfg.model)
+    if resume_state is not None:
+        try:
+            model.load_state_dict(resume_state["model"])
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"the latest checkpoint of '{cfg.run.experiment}' does not fit this model/env "
+                f"({str(exc).splitlines()[0]}); use the original settings or --restart_behavior=restart"
+            ) from None
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(process)d] %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("signal_slot").setLevel(logging.WARNING)
+    try:
+        cfg = parse_config(argv)
+        factory = resolve_env_factory(cfg.env.env)
+        obs_spec, action_spec = probe_env(cfg, factory)
+        if cfg.run.restart_behavior == "resume" and list_checkpoints(cfg.experiment_dir):
+            print(f"resuming '{cfg.run.experiment}' from {list_checkpoints(cfg.experiment_dir)[-1]}", flush=True)
+        resume_state = prepare_experiment_dir(cfg)
+        model = build_model(cfg, obs_spec, action_spec, resume_state)
+    except (ConfigError, CheckpointError) as exc:
+        print(f"sfengine.train: error: {exc}", file=sys.stderr)
+        return 2
+    if resume_state is not None and resume_state["env_steps"] >= cfg.run.train_for_env_steps:
+        print(
+            f"'{cfg.run.experiment}' already has {resume_state['env_steps']} env steps >= --train_for_env_steps="
+            f"{cfg.run.train_for_env_steps}; raise it to train further",
+            flush=True,
+        )
+    from sfengine.runner import run
+
+    return run(cfg, factory, obs_spec, action_spec, model, resume_state)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
