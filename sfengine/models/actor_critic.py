@@ -65,16 +65,17 @@ class CNNEncoder(nn.Module):
     def __init__(self, shape: tuple[int, int, int], activation: type[nn.Module], out_dim: int = 256):
         super().__init__()
         height, width, channels = shape
-        big = min(height, width) >= 64
-        self.convs = nn.Sequential(
-            nn.Conv2d(channels, 32, 8 if big else 3, stride=4 if big else 2),
-            activation(),
-            nn.Conv2d(32, 64, 4 if big else 3, stride=2),
-            activation(),
-            nn.Conv2d(64, 64, 3, stride=1),
-            activation(),
-            nn.Flatten(),
-        )
+        # Large images: the classic 8/4/3 stack. Small ones: padded 3x3 convs, which fit any size.
+        if min(height, width) >= 64:
+            layers = [(32, 8, 4, 0), (64, 4, 2, 0), (64, 3, 1, 0)]
+        else:
+            layers = [(32, 3, 2, 1), (64, 3, 2, 1), (64, 3, 1, 1)]
+        convs: list[nn.Module] = []
+        in_channels = channels
+        for out_channels, kernel, stride, padding in layers:
+            convs += [nn.Conv2d(in_channels, out_channels, kernel, stride, padding), activation()]
+            in_channels = out_channels
+        self.convs = nn.Sequential(*convs, nn.Flatten())
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, channels, height, width)).shape[1]
         self.out = nn.Sequential(nn.Linear(flat, out_dim), activation())

@@ -1,0 +1,85 @@
+import multiprocessing
+
+import torch
+
+from sfengine.buffers import SharedBuffers, SharedWeights, TrajectoryBuffers, buffers_per_worker
+from sfengine.config import Config
+from sfengine.models.actor_critic import ActorCritic
+from sfengine.spaces import ActionSpec, ObsSpec
+
+OBS = ObsSpec(shapes={"image": (8, 8, 3), "state": (5,)}, dtypes={"image": torch.uint8, "state": torch.float32})
+DISCRETE = ActionSpec(discrete=True, num_actions=3)
+
+
+def small_config(**sampler) -> Config:
+    cfg = Config()
+    cfg.sampler.num_workers, cfg.sampler.num_envs_per_worker, cfg.sampler.worker_num_splits = 2, 4, 2
+    cfg.sampler.rollout = 8
+    cfg.learner.batch_size, cfg.learner.num_batches_per_epoch = 64, 1
+    for name, value in sampler.items():
+        setattr(cfg.sampler, name, value)
+    return cfg
+
+
+def test_trajectory_buffers_have_rollout_plus_one_entries_and_keep_image_dtype():
+    cfg = small_config()
+    buffers = SharedBuffers.allocate(cfg, OBS, DISCRETE)
+    traj = buffers.trajectories
+    num = buffers.buffers_per_worker * 2
+    assert traj.obs["image"].shape == (num, 9, 8, 8, 3) and traj.obs["image"].dtype == torch.uint8
+    assert traj.obs["state"].shape == (num, 9, 5)
+    assert traj.actions.shape == (num, 9) and traj.actions.dtype == torch.int64
+    assert all(t.is_shared() for t in traj.tensors().values())
+    assert buffers.splits.buffer_ids.shape == (4, 2)  # 2 workers x 2 splits, 2 envs per split
+
+
+def test_each_worker_owns_a_disjoint_block_of_buffer_ids():
+    buffers = SharedBuffers.allocate(small_config(), OBS, DISCRETE)
+    ids0, ids1 = buffers.worker_buffer_ids(0), buffers.worker_buffer_ids(1)
+    assert not set(ids0) & set(ids1)
+    assert all(buffers.owner_of(i) == 0 for i in ids0) and all(buffers.owner_of(i) == 1 for i in ids1)
+
+
+def test_free_list_covers_current_rollouts_plus_two_training_batches():
+    # 8 envs in all; a training batch is 64 samples = 8 trajectories of 8 steps = one round of every env.
+    cfg = small_config()
+    per_worker = buffers_per_worker(cfg)
+    total = per_worker * cfg.sampler.num_workers
+    envs = cfg.sampler.num_workers * cfg.sampler.num_envs_per_worker
+    assert total >= envs + 2 * cfg.trajectories_per_training_batch
+    # A batch larger than one round of all envs needs proportionally more buffers.
+    cfg.learner.batch_size = 256
+    assert buffers_per_worker(cfg) * 2 >= envs + 2 * cfg.trajectories_per_training_batch
+
+
+def test_copy_rows_gathers_whole_trajectories():
+    source = TrajectoryBuffers.allocate(6, 4, OBS, DISCRETE, shared=True)
+    for i in range(6):
+        source.rewards[i] = i
+        source.obs["image"][i] = i
+    batch = TrajectoryBuffers.allocate(2, 4, OBS, DISCRETE, shared=False)
+    batch.copy_rows_(source, torch.tensor([4, 1]))
+    assert batch.rewards[:, 0].tolist() == [4.0, 1.0]
+    assert batch.obs["image"][0].unique().tolist() == [4]
+
+
+def _read_weights_in_child(weights: SharedWeights, queue) -> None:
+    queue.put((int(weights.version[0]), float(weights.tensors["value_head.bias"][0])))
+
+
+def test_published_weights_and_version_reach_a_spawned_process():
+    ctx = multiprocessing.get_context("spawn")
+    model = ActorCritic(OBS, DISCRETE, Config().model)
+    weights = SharedWeights.allocate(model, ctx)
+    with torch.no_grad():
+        model.value_head.bias.fill_(3.5)
+    weights.publish(model, version=7)
+    queue = ctx.Queue()
+    child = ctx.Process(target=_read_weights_in_child, args=(weights, queue))
+    child.start()
+    assert queue.get(timeout=60) == (7, 3.5)
+    child.join(30)
+    # And the pull side: a fresh model takes the published weights.
+    other = ActorCritic(OBS, DISCRETE, Config().model)
+    assert weights.pull(other) == 7
+    assert float(other.value_head.bias[0]) == 3.5

@@ -1,0 +1,145 @@
+"""A real run, as a user drives it: stop with SIGINT, resume, bad checkpoints, TensorBoard, custom envs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+from helpers import read_summary, run_train, train_command
+
+FAST = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=4", "--worker_num_splits=2"]
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def wait_for_training(process: subprocess.Popen, timeout: float = 120) -> None:
+    """Read status lines until the learner has consumed env steps."""
+    deadline = time.time() + timeout
+    for line in process.stdout:
+        if "steps" in line and "FPS" in line and line.split("steps")[1].split()[0].replace(",", "") != "0":
+            return
+        assert time.time() < deadline, "training made no progress"
+    raise AssertionError(f"the run ended early with code {process.wait()}")
+
+
+def test_sigint_saves_a_checkpoint_and_leaves_no_process_or_shared_memory(train_dir):
+    shm_before = shm_entries()
+    process = subprocess.Popen(
+        train_command(train_dir, "interrupted", *FAST, "--train_for_env_steps=100000000"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for_training(process)
+    children = psutil.Process(process.pid).children(recursive=True)
+    assert len(children) >= 4  # 2 rollout workers, 1 inference worker, 1 learner
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, output
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"stray processes: {alive}"
+    assert shm_entries() - shm_before == set()
+    checkpoints = list((train_dir / "interrupted" / "checkpoints").glob("checkpoint_*.pt"))
+    assert len(checkpoints) == 1
+    summary = read_summary(train_dir, "interrupted")
+    assert summary["stop_reason"] == "interrupted by a signal"
+    assert summary["env_steps"] > 0
+
+    # Resume continues the env-step count from the checkpoint.
+    target = summary["env_steps"] + 8192
+    result = run_train(train_dir, "interrupted", *FAST, f"--train_for_env_steps={target}")
+    assert result.returncode == 0, result.stderr
+    assert "resuming 'interrupted'" in result.stdout
+    resumed = read_summary(train_dir, "interrupted")
+    assert resumed["env_steps"] >= target
+    assert resumed["env_steps_this_run"] < resumed["env_steps"]
+    assert resumed["policy_version"] > summary["policy_version"]
+
+
+def test_corrupt_checkpoint_is_an_error_not_a_fresh_start(train_dir):
+    result = run_train(train_dir, "corrupt", *FAST, "--train_for_env_steps=2048")
+    assert result.returncode == 0, result.stderr
+    (checkpoint,) = (train_dir / "corrupt" / "checkpoints").glob("checkpoint_*.pt")
+    checkpoint.write_bytes(b"not a checkpoint")
+    result = run_train(train_dir, "corrupt", *FAST, "--train_for_env_steps=4096")
+    assert result.returncode == 2
+    assert "cannot load checkpoint" in result.stderr and "--restart_behavior=restart" in result.stderr
+
+
+def test_checkpoint_of_another_model_is_rejected(train_dir):
+    assert run_train(train_dir, "shape", *FAST, "--train_for_env_steps=2048").returncode == 0
+    result = run_train(train_dir, "shape", *FAST, "--hidden_sizes=32", "--train_for_env_steps=4096")
+    assert result.returncode == 2
+    assert "does not fit this model" in result.stderr
+
+
+def test_run_writes_config_tensorboard_checkpoint_and_summary(train_dir):
+    result = run_train(train_dir, "files", *FAST, "--train_for_env_steps=20000", "--keep_checkpoints=2")
+    assert result.returncode == 0, result.stderr
+    experiment = train_dir / "files"
+    assert (experiment / "config.json").is_file()
+    summary = read_summary(train_dir, "files")
+    for key in ("env_steps", "wall_seconds", "fps", "episode_return_mean", "episode_len_mean", "episodes"):
+        assert summary[key] is not None, key
+    assert summary["env_steps"] >= 20000 and summary["fps"] > 0
+    events = b"".join(p.read_bytes() for p in (experiment / "tensorboard").glob("events.out.tfevents.*"))
+    for tag in (b"perf/fps_10s", b"episodes/episode_return_mean", b"train/loss", b"train/clip_fraction"):
+        assert tag in events, tag
+
+
+def test_restart_moves_the_old_run_aside(train_dir):
+    assert run_train(train_dir, "again", *FAST, "--train_for_env_steps=2048").returncode == 0
+    result = run_train(train_dir, "again", *FAST, "--train_for_env_steps=2048", "--restart_behavior=restart")
+    assert result.returncode == 0, result.stderr
+    assert read_summary(train_dir, "again")["env_steps_this_run"] == read_summary(train_dir, "again")["env_steps"]
+    assert len(list(train_dir.glob("again.*"))) == 1  # the previous run, kept
+
+
+USER_SCRIPT = textwrap.dedent(
+    """
+    import sys
+
+    import gymnasium as gym
+
+    from sfengine import register_env
+    from sfengine.train import main
+
+
+    def make_short_cartpole(ctx):
+        return gym.make("CartPole-v1", max_episode_steps=25)
+
+
+    register_env("short_cartpole", make_short_cartpole)
+    register_env("lambda_env", lambda ctx: gym.make("CartPole-v1"))
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_env_registered_from_a_user_script_runs_in_spawned_workers(tmp_path, train_dir):
+    script = tmp_path / "my_train.py"
+    script.write_text(USER_SCRIPT)
+    base = [sys.executable, str(script), f"--train_dir={train_dir}", *FAST[1:]]
+    result = subprocess.run(
+        [*base, "--env=short_cartpole", "--experiment=user", "--train_for_env_steps=8192"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert read_summary(train_dir, "user")["episode_len_mean"] <= 25  # the user's time limit was applied
+
+    result = subprocess.run(
+        [*base, "--env=lambda_env", "--experiment=lam"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2
+    assert "module-level function" in result.stderr

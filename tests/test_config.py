@@ -1,0 +1,63 @@
+import subprocess
+import sys
+
+import pytest
+from helpers import run_train
+
+from sfengine.config import ConfigError, parse_config
+
+
+def test_preset_overrides_defaults_and_command_line_overrides_preset(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("num_workers: 3\nnum_envs_per_worker: 6\nworker_num_splits: 3\n")
+    cfg = parse_config([f"--cfg={preset}", "--num_envs_per_worker=9", f"--train_dir={tmp_path}"])
+    assert cfg.sampler.num_workers == 3  # from the preset
+    assert cfg.sampler.num_envs_per_worker == 9  # the command line wins
+    assert cfg.learner.gamma == 0.99  # default
+
+
+def test_shipped_preset_found_by_name(tmp_path):
+    cfg = parse_config(["--cfg=cartpole", f"--train_dir={tmp_path}"])
+    assert cfg.env.env == "CartPole-v1"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num_envs_per_worker=7", "--worker_num_splits=2"], "not divisible by --worker_num_splits"),
+        (["--num_workers=-1"], "--num_workers=-1 must be at least 1"),
+        (["--gamma=abc"], "--gamma='abc' is not a valid float"),
+        (["--batch_size=1000", "--rollout=32"], "not a multiple of --rollout=32"),
+        (["--cfg=no_such_preset"], "no such preset"),
+        (["--restart_behavior=maybe"], "is not one of resume, restart, overwrite"),
+    ],
+)
+def test_invalid_values_raise_one_line_errors(tmp_path, args, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
+        parse_config([*args, f"--train_dir={tmp_path}"])
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--env=CartPol-v1"], "unknown env 'CartPol-v1': did you mean CartPole-v1"),
+        (["--num_envs_per_worker=5", "--worker_num_splits=2"], "is not divisible by --worker_num_splits=2"),
+        (["--train_for_env_steps=-5"], "--train_for_env_steps=-5 must be at least 1"),
+        (["--no_such_option=1"], "invalid command line"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_a_clear_message(train_dir, args, expected):
+    result = run_train(train_dir, "bad", *args, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_help_works_outside_the_repository(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "sfengine.train", "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0
+    for group in ("sampler:", "learner:", "model:", "run:"):
+        assert group in result.stdout
