@@ -58,9 +58,9 @@ class SamplerConfig:
 @dataclass
 class LearnerConfig:
     batch_size: int = option(1024, "samples per minibatch (one optimiser step)")
-    num_batches_per_epoch: int = option(1, "minibatches per epoch; one training batch = batch_size x this")
-    num_epochs: int = option(1, "passes over each training batch")
-    learning_rate: float = option(3e-4, "Adam learning rate")
+    num_batches_per_epoch: int = option(2, "minibatches per epoch; one training batch = batch_size x this")
+    num_epochs: int = option(4, "passes over each training batch")
+    learning_rate: float = option(1e-3, "Adam learning rate")
     lr_schedule: str = option("constant", "learning-rate schedule over train_for_env_steps", ("constant", "linear"))
     adam_eps: float = option(1e-6, "Adam epsilon")
     gamma: float = option(0.99, "discount factor")
@@ -71,7 +71,7 @@ class LearnerConfig:
     entropy_coeff: float = option(0.003, "weight of the entropy bonus")
     max_grad_norm: float = option(4.0, "gradient norm clip (0: off)")
     normalize_advantage: bool = option(True, "normalise advantages per minibatch")
-    reward_scale: float = option(1.0, "multiply rewards by this before learning (stats keep the raw reward)")
+    reward_scale: float = option(0.1, "multiply rewards by this before learning (stats keep the raw reward)")
     reward_clip: float = option(0.0, "clip scaled rewards to [-x, x] (0: off)")
     with_vtrace: bool = option(False, "correct policy lag with V-trace instead of GAE")
     vtrace_rho: float = option(1.0, "V-trace importance-weight clip for the value targets")
@@ -103,7 +103,7 @@ class RunConfig:
         "overwrite: delete the old run and start over",
         ("resume", "restart", "overwrite"),
     )
-    train_for_env_steps: int = option(10_000_000, "stop after this many env steps (counted across resumes)")
+    train_for_env_steps: int = option(300_000, "stop after this many env steps (counted across resumes)")
     train_for_seconds: float = option(0.0, "stop after this many seconds of this run (0: no limit)")
     save_every_sec: float = option(120.0, "seconds between checkpoints")
     keep_checkpoints: int = option(3, "newest checkpoints kept")
