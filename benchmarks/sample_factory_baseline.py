@@ -14,9 +14,10 @@ How the numbers are measured
 ----------------------------
 * env_steps: Sample Factory's own frame counter (``learner_env_steps``), i.e. env frames the learner has trained on.
   Frames still in flight in the sampler when training stops are not counted.
-* fps: (env_steps at the last learner report - env_steps at the first learner report) divided by the time between
-  the two reports, as seen by the runner (main) process. The window opens when the first training iteration has
-  finished, so process spawning, model creation and the first rollout are excluded. ``wall_seconds`` is that window.
+* fps: the runner (main) process reads that counter at every finished training iteration; fps is
+  (last reading - first non-zero reading) / (time between the two readings). The window opens once training is
+  under way, so process spawning, model creation and the first rollout and training iteration are excluded.
+  ``wall_seconds`` is that window, ``window_env_steps`` the frames in it.
 * fps_incl_startup: final env_steps / seconds since this script started (start-up included), for reference.
 * sf_main_loop_fps: what Sample Factory itself prints at the end ("Collected ..., FPS"): steps / runner main loop time,
   which includes starting the worker processes.
@@ -26,7 +27,7 @@ How the numbers are measured
 
 Time limit: Sample Factory 2.1.1 ignores ``--train_for_seconds`` (``Runner.total_train_seconds`` is never updated;
 fixed upstream after 2.1.1), so this script keeps that counter up to date through a public ``AlgoObserver``. The clock
-starts at the first learner report, so the measured window lasts about ``--seconds``.
+starts at the first non-zero reading, so the measured window lasts about ``--seconds``.
 """
 
 from __future__ import annotations
@@ -147,6 +148,37 @@ def sf_argv(args: argparse.Namespace, train_dir: str) -> list[str]:
     ]
 
 
+def reap_children(timeout: float) -> int:
+    """Wait for SF's worker processes to exit; kill what is still alive after `timeout`. Returns how many were killed."""
+    import psutil
+
+    me = psutil.Process(os.getpid())
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        # multiprocessing's resource tracker only exits with us: don't wait for it
+        alive = [c for c in me.children(recursive=True) if "resource_tracker" not in " ".join(_cmdline(c))]
+        if not alive:
+            return 0
+        time.sleep(0.2)
+    killed = 0
+    for child in me.children(recursive=True):
+        if "resource_tracker" in " ".join(_cmdline(child)):
+            continue
+        try:
+            child.kill()
+            killed += 1
+        except psutil.Error:
+            pass
+    return killed
+
+
+def _cmdline(proc) -> list[str]:
+    try:
+        return proc.cmdline()
+    except Exception:
+        return []
+
+
 def describe_model(cfg, env_info) -> dict:
     """Build SF's actor-critic in this process once, only to report what architecture SF uses for this config."""
     from sample_factory.model.actor_critic import create_actor_critic
@@ -207,7 +239,7 @@ def main(argv=None) -> int:
 
     import sample_factory
     from sample_factory.algo.runners.runner import AlgoObserver
-    from sample_factory.algo.utils.misc import LEARNER_ENV_STEPS, ExperimentStatus
+    from sample_factory.algo.utils.misc import ExperimentStatus
     from sample_factory.cfg.arguments import parse_full_cfg, parse_sf_args
     from sample_factory.envs.env_utils import register_env
     from sample_factory.train import make_runner
@@ -217,23 +249,28 @@ def main(argv=None) -> int:
     parser, _ = parse_sf_args(argv=argv_sf, evaluation=False)
     cfg = parse_full_cfg(parser, argv_sf)
 
-    reports: list[tuple[float, int]] = []  # (arrival time in the runner, learner env steps), steps > 0 only
+    # (time, SF's env-step counter) sampled at every finished training iteration, once the counter is > 0.
+    # runner.env_steps is filled by SF's own handler of the learner's reports; it lags one iteration behind the
+    # iteration signal, the same lag at both ends of the window.
+    reports: list[tuple[float, int]] = []
     iterations = [0]
 
-    def on_learner_env_steps(runner, msg, policy_id):
-        steps = int(msg[LEARNER_ENV_STEPS])
-        if steps > 0:
-            reports.append((time.time(), steps))
+    class Meter(AlgoObserver):
+        """Samples the step counter and keeps SF's train_for_seconds counter up to date (SF 2.1.1 never does)."""
 
-    class TimeLimit(AlgoObserver):
         def on_training_step(self, runner, training_iteration_since_resume: int) -> None:
+            now = time.time()
             iterations[0] = training_iteration_since_resume
+            steps = int(sum(runner.env_steps.values())) if runner.env_steps else 0
+            if steps > 0:
+                reports.append((now, steps))
             if reports:
-                runner.total_train_seconds = time.time() - reports[0][0]
+                runner.total_train_seconds = now - reports[0][0]
 
     cfg, runner = make_runner(cfg)
-    runner.register_policy_msg_handler(LEARNER_ENV_STEPS, on_learner_env_steps)
-    runner.register_observer(TimeLimit())
+    # Note: Runner.register_policy_msg_handler() is unusable in SF 2.1.1 (it stores a bare function where a list
+    # is expected, and the runner crashes on the first message), so we measure through an AlgoObserver instead.
+    runner.register_observer(Meter())
 
     status = runner.init()
     model_info = None
@@ -246,8 +283,9 @@ def main(argv=None) -> int:
         t_run_start = time.time()
         status = runner.run()
         t_run_end = time.time()
-    done.set()
     rss.stop()
+    leftovers = reap_children(timeout=15.0)
+    done.set()
     if watchdog_fired.is_set():
         return 3
 
@@ -290,7 +328,7 @@ def main(argv=None) -> int:
             "set_workers_cpu_affinity": bool(cfg.set_workers_cpu_affinity),
             "torch_version": _dist_version("torch"),
         },
-        "fps_method": "learner env-step counter between the first and last learner report (start-up excluded)",
+        "fps_method": "SF learner env-step counter, first non-zero to last reading at training iterations (start-up excluded)",
         "window_env_steps": window_steps,
         "fps_incl_startup": final_steps / (time.time() - t_script_start),
         "sf_main_loop_fps": sf_fps,
@@ -300,6 +338,7 @@ def main(argv=None) -> int:
         "train_iterations": iterations[0],
         "peak_num_processes": rss.peak_num_processes,
         "rss_samples": rss.samples,
+        "leftover_children_killed": leftovers,
         "status": "success" if status == ExperimentStatus.SUCCESS else f"status={status}",
         "model": model_info,
     }

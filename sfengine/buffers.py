@@ -32,6 +32,9 @@ from torch import Tensor
 from sfengine.config import Config
 from sfengine.spaces import ActionSpec, ObsSpec
 
+# Written by the inference worker at [buffer, t]; everything else in a trajectory is written by the rollout worker.
+POLICY_FIELDS = ("actions", "log_probs", "values", "versions")
+
 
 def shared_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     return torch.zeros(shape, dtype=dtype).share_memory_()

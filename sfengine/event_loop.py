@@ -8,9 +8,34 @@ forward pass, or the loop would have to poll.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from queue import Full
 
 from signal_slot.signal_slot import EventLoop, EventLoopObject, EventLoopProcess
+
+EMIT_TIMEOUT_SEC = 60.0
+
+
+class Component(EventLoopObject):
+    """Base of every engine component. Its signals apply backpressure instead of being dropped.
+
+    signal-slot-mp drops a signal whose receiver's inbox is full (and only logs it). Our inboxes hold 5 MB and
+    the number of messages in flight is bounded by design (one request per split, one trajectory message per
+    buffer, one report per component per second), so a full inbox means a receiver has stalled: the emitter
+    waits for room, and fails loudly if none comes, rather than losing a buffer id.
+    """
+
+    def emit_many(self, signal_: str, list_of_args: Iterable[tuple]) -> None:
+        messages = tuple((self.object_id, signal_, args) for args in list_of_args)
+        receivers = self.send_signals_to.get(signal_, ())
+        for queue in {id(q): q for q in (self.receiver_queues[r] for r in receivers)}.values():
+            try:
+                queue.put_many(messages, block=True, timeout=EMIT_TIMEOUT_SEC)
+            except Full:
+                raise RuntimeError(
+                    f"{self.object_id}: signal '{signal_}' could not be delivered for {EMIT_TIMEOUT_SEC:.0f} s "
+                    f"(receivers {sorted(receivers)} are not reading their inbox)"
+                ) from None
 
 
 class EngineEventLoop(EventLoop):
@@ -38,7 +63,21 @@ class EngineProcess(EventLoopProcess):
 
     def _target(self):
         ignore_interrupts()
+        set_process_title(self.name)
         super()._target()
+
+
+def set_process_title(name: str) -> None:
+    """Show components as sfe-rollout-0, sfe-inference-0, sfe-learner in top, ps and psutil (Linux only)."""
+    title = "sfe-" + name.removesuffix("_process").replace("_worker", "").replace("_", "-")
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        pr_set_name = 15
+        libc.prctl(pr_set_name, title.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def ignore_interrupts() -> None:

@@ -20,13 +20,13 @@ import signal as os_signal
 import time
 from dataclasses import dataclass
 
-from signal_slot.signal_slot import EventLoopObject, Timer, signal
+from signal_slot.signal_slot import Timer, signal
 from tensorboardX import SummaryWriter
 
 from sfengine.buffers import SharedBuffers, SharedWeights
 from sfengine.config import Config
 from sfengine.env_registry import EnvFactory
-from sfengine.event_loop import EngineEventLoop, EngineProcess
+from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
 from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
 from sfengine.learning.batcher import Batcher, buffers_released_signal
 from sfengine.learning.learner_worker import LearnerWorker
@@ -69,7 +69,7 @@ def connect_components(runner: Runner, c: Components, num_inference_workers: int
         runner.stop.connect(component.on_stop)
 
 
-class Runner(EventLoopObject):
+class Runner(Component):
     def __init__(self, event_loop, cfg: Config, initial_env_steps: int):
         super().__init__(event_loop, "runner")
         self.cfg = cfg
@@ -100,6 +100,8 @@ class Runner(EventLoopObject):
 
     def on_learner_report(self, report: LearnerReport) -> None:
         self.stats.add_learner_report(report)
+        if self.stats.env_steps >= self.cfg.run.train_for_env_steps:
+            self.request_stop(f"reached {self.stats.env_steps} env steps")
 
     def request_stop(self, reason: str, exit_code: int = 0) -> None:
         if self.stop_reason is not None:
@@ -110,11 +112,10 @@ class Runner(EventLoopObject):
         self.stop.emit()
 
     def _watch(self) -> None:
+        """Conditions no component can signal: the clock, OS signals, processes that died; then the shutdown."""
         run = self.cfg.run
         if self.stop_reason is None:
-            if self.stats.env_steps >= run.train_for_env_steps:
-                self.request_stop(f"reached {self.stats.env_steps} env steps")
-            elif run.train_for_seconds and time.time() - self.stats.started >= run.train_for_seconds:
+            if run.train_for_seconds and time.time() - self.stats.started >= run.train_for_seconds:
                 self.request_stop(f"trained for {run.train_for_seconds:g} s")
             elif self.interrupts:
                 self.request_stop("interrupted by a signal")

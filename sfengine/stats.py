@@ -27,6 +27,8 @@ class RunStats:
         self.learner_stats: dict[str, list[float]] = {}
         self.lag_sum = self.lag_count = 0.0
         self.final_learner_report = False
+        self.first_batch: tuple[float, int] | None = None  # (time, env steps) of the first training batch
+        self.last_batch: tuple[float, int] | None = None
         self._reset_time_split()
 
     def _reset_time_split(self) -> None:
@@ -55,7 +57,11 @@ class RunStats:
         self.policy_version = report.policy_version
         self.learner_busy += report.train_sec
         self.batcher_busy += report.batcher_sec
-        self.step_history.append((time.time(), report.env_steps))
+        now = time.time()
+        if report.env_steps > self.initial_env_steps and not report.final:
+            self.first_batch = self.first_batch or (now, report.env_steps)
+            self.last_batch = (now, report.env_steps)
+        self.step_history.append((now, report.env_steps))
         while len(self.step_history) > 2 and self.step_history[1][0] < time.time() - max(FPS_WINDOWS):
             self.step_history.popleft()
         for name, value in report.stats.items():
@@ -92,6 +98,12 @@ class RunStats:
         self.learner_stats = {}
         return means
 
+    def _steady_fps(self) -> float | None:
+        """FPS from the first training batch to the last: the sampler's speed without start-up and shutdown."""
+        if self.first_batch is None or self.last_batch is None or self.last_batch[0] <= self.first_batch[0]:
+            return None
+        return round((self.last_batch[1] - self.first_batch[1]) / (self.last_batch[0] - self.first_batch[0]), 1)
+
     def summary(self) -> dict:
         wall = time.time() - self.started
         summary = {
@@ -99,6 +111,7 @@ class RunStats:
             "env_steps_this_run": int(self.env_steps - self.initial_env_steps),
             "wall_seconds": round(wall, 3),
             "fps": round((self.env_steps - self.initial_env_steps) / max(wall, 1e-6), 1),
+            "fps_steady": self._steady_fps(),
             "episodes": self.episodes,
             "episode_return_mean": float(np.mean(self.returns)) if self.returns else None,
             "episode_len_mean": float(np.mean(self.lengths)) if self.lengths else None,

@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 
 import torch
-from signal_slot.signal_slot import EventLoopObject, Timer, signal
+from signal_slot.signal_slot import Timer, signal
 
-from sfengine.buffers import SharedBuffers, SharedWeights
+from sfengine.buffers import POLICY_FIELDS, SharedBuffers, SharedWeights
 from sfengine.config import Config
-from sfengine.event_loop import stop_own_loop
+from sfengine.event_loop import Component, stop_own_loop
 from sfengine.messages import InferenceReport, InferenceRequest
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
@@ -27,7 +27,7 @@ def policy_outputs_signal(worker: int) -> str:
     return f"policy_outputs_{worker}"
 
 
-class InferenceWorker(EventLoopObject):
+class InferenceWorker(Component):
     def __init__(
         self,
         event_loop,
@@ -54,7 +54,10 @@ class InferenceWorker(EventLoopObject):
         self.model.eval()
         self.version = self.weights.pull(self.model)
         self.splits_per_worker = self.cfg.sampler.worker_num_splits
-        self.envs_per_split = self.cfg.envs_per_split
+        traj = self.buffers.trajectories
+        self.entries_per_buffer = self.cfg.sampler.rollout + 1
+        self.flat_obs = {key: t.flatten(0, 1) for key, t in traj.obs.items()}
+        self.flat_outputs = {name: getattr(traj, name).flatten(0, 1) for name in POLICY_FIELDS}
         self.busy_sec, self.requests, self.batches = 0.0, 0, 0
         self.window_start = time.perf_counter()
         self.event_loop.after_signals.append(self._run_pending)
@@ -73,16 +76,16 @@ class InferenceWorker(EventLoopObject):
             self.version = self.weights.pull(self.model)
         splits = self.buffers.splits
         rows = torch.tensor([r.split_row for r in requests])
-        buffer_ids = splits.buffer_ids[rows].reshape(-1)
-        steps = splits.step[rows].repeat_interleave(self.envs_per_split)
-        traj = self.buffers.trajectories
+        # Entry (buffer, t) of the trajectory storage, flattened: one index_select/index_copy per field.
+        flat = (splits.buffer_ids[rows] * self.entries_per_buffer + splits.step[rows].unsqueeze(1)).reshape(-1)
+        out_fields = self.flat_outputs
         with torch.inference_mode():
-            obs = {key: t[buffer_ids, steps].to(self.device) for key, t in traj.obs.items()}
+            obs = {key: t.index_select(0, flat).to(self.device) for key, t in self.flat_obs.items()}
             out = self.model.act(obs)
-            traj.actions[buffer_ids, steps] = out.actions.cpu()
-            traj.log_probs[buffer_ids, steps] = out.log_probs.cpu()
-            traj.values[buffer_ids, steps] = out.values.cpu()
-            traj.versions[buffer_ids, steps] = self.version
+            out_fields["actions"].index_copy_(0, flat, out.actions.cpu())
+            out_fields["log_probs"].index_copy_(0, flat, out.log_probs.cpu())
+            out_fields["values"].index_copy_(0, flat, out.values.cpu())
+            out_fields["versions"].index_fill_(0, flat, self.version)
             truncated_rows = [r.split_row for r in requests if r.needs_final_values]
             if truncated_rows:
                 # Rare (episode ends by time limit): value the final observations of those splits' envs.

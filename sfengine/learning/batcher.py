@@ -14,9 +14,10 @@ import time
 from collections import deque
 
 import torch
-from signal_slot.signal_slot import EventLoopObject, signal
+from signal_slot.signal_slot import signal
 
 from sfengine.buffers import SharedBuffers, TrajectoryBuffers
+from sfengine.event_loop import Component
 from sfengine.messages import TrajectoriesReady
 
 
@@ -24,7 +25,7 @@ def buffers_released_signal(worker: int) -> str:
     return f"buffers_released_{worker}"
 
 
-class Batcher(EventLoopObject):
+class Batcher(Component):
     def __init__(self, event_loop, buffers: SharedBuffers, trajectories_per_batch: int):
         super().__init__(event_loop, "batcher")
         self.buffers = buffers

@@ -14,12 +14,12 @@ import threading
 import time
 
 import torch
-from signal_slot.signal_slot import EventLoopObject, Timer, signal
+from signal_slot.signal_slot import Timer, signal
 
 from sfengine.buffers import SharedBuffers, SharedWeights, TrajectoryBuffers
 from sfengine.checkpoint import save_checkpoint
 from sfengine.config import Config
-from sfengine.event_loop import stop_own_loop
+from sfengine.event_loop import Component, stop_own_loop
 from sfengine.learning.batcher import Batcher
 from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.messages import LearnerReport
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 NUM_BATCH_SLOTS = 2
 
 
-class LearnerWorker(EventLoopObject):
+class LearnerWorker(Component):
     def __init__(
         self,
         event_loop,
@@ -94,6 +94,10 @@ class LearnerWorker(EventLoopObject):
 
     def on_training_batch(self, slot: int) -> None:
         if self.stopped:
+            return
+        if self.env_steps >= self.cfg.run.train_for_env_steps:
+            # Batches collected while the stop is on its way are not trained on: the limit is exact to a batch.
+            self.batch_released.emit(slot)
             return
         started = time.perf_counter()
         batch = self.batch_slots[slot]

@@ -20,18 +20,16 @@ from collections import deque
 
 import numpy as np
 import torch
-from signal_slot.signal_slot import EventLoopObject, Timer, signal
+from signal_slot.signal_slot import Timer, signal
 
-from sfengine.buffers import SharedBuffers
+from sfengine.buffers import POLICY_FIELDS, SharedBuffers
 from sfengine.config import Config
 from sfengine.env_registry import EnvContext, EnvFactory
-from sfengine.event_loop import stop_own_loop
+from sfengine.event_loop import Component, stop_own_loop
 from sfengine.messages import EpisodeStats, InferenceRequest, TrajectoriesReady, WorkerReport
 from sfengine.spaces import ActionSpec, obs_as_dict
 
 log = logging.getLogger(__name__)
-
-POLICY_FIELDS = ("actions", "log_probs", "values", "versions")
 
 
 class SplitRunner:
@@ -50,7 +48,7 @@ class SplitRunner:
         self.rollouts_since_update = 0
 
 
-class RolloutWorker(EventLoopObject):
+class RolloutWorker(Component):
     def __init__(
         self,
         event_loop,

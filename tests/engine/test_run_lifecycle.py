@@ -143,3 +143,23 @@ def test_env_registered_from_a_user_script_runs_in_spawned_workers(tmp_path, tra
     )
     assert result.returncode == 2
     assert "module-level function" in result.stderr
+
+
+def test_a_dead_worker_fails_the_run_cleanly_and_names_it(train_dir):
+    process = subprocess.Popen(
+        train_command(train_dir, "crash", *FAST, "--train_for_env_steps=100000000"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for_training(process)
+    children = psutil.Process(process.pid).children(recursive=True)
+    names = {c.name(): c for c in children}
+    assert {"sfe-rollout-0", "sfe-rollout-1", "sfe-inference-0", "sfe-learner"} <= set(names), names
+    names["sfe-rollout-1"].kill()
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 1, output
+    assert "process died: rollout_worker_1_process" in output
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
+    assert list((train_dir / "crash" / "checkpoints").glob("checkpoint_*.pt"))  # the learner still saved

@@ -26,7 +26,7 @@ def test_cartpole_reaches_400_within_300k_steps(train_dir, mode):
     result = run_train(train_dir, "cartpole", "--cfg=cartpole", "--train_for_env_steps=300000", *mode)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "cartpole")
-    assert summary["env_steps"] <= 300000 + 2048
+    assert summary["env_steps"] <= 300000 + 2048  # stops within one training batch of the limit
     assert summary["episode_return_mean"] >= 400, summary
 
 
