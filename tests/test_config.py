@@ -2,8 +2,8 @@ import subprocess
 import sys
 
 import pytest
-from helpers import run_train
 
+from helpers import run_train
 from sfengine.config import ConfigError, parse_config
 
 

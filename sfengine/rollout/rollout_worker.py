@@ -99,15 +99,19 @@ class RolloutWorker(Component):
         self.rollout = cfg.sampler.rollout
 
         envs_per_split = cfg.envs_per_split
+        self.env_seeds: list[list[int]] = []
         for split in range(cfg.sampler.worker_num_splits):
-            envs = []
+            envs, seeds = [], []
             for i in range(envs_per_split):
                 env_index = split * envs_per_split + i
+                # Distinct across all envs of the run, and reproducible from --seed.
                 seed = cfg.env.seed * 1_000_003 + self.worker * cfg.sampler.num_envs_per_worker + env_index
-                ctx = EnvContext(cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps)
-                env = self.env_factory(ctx)
-                envs.append(env)
+                envs.append(
+                    self.env_factory(EnvContext(cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps))
+                )
+                seeds.append(seed)
             self.splits.append(SplitRunner(envs, self.worker * cfg.sampler.worker_num_splits + split))
+            self.env_seeds.append(seeds)
 
         self.finished_episodes: list[EpisodeStats] = []
         self.env_step_sec = self.busy_sec = 0.0
@@ -115,11 +119,11 @@ class RolloutWorker(Component):
         self.report_timer = Timer(self.event_loop, 1.0)
         self.report_timer.timeout.connect(self._send_report)
 
-        for split in self.splits:
+        for split, seeds in zip(self.splits, self.env_seeds):
             started = time.perf_counter()
             self._take_buffers(split)
-            for i, env in enumerate(split.envs):
-                obs, _ = env.reset(seed=int(cfg.env.seed * 1_000_003 + self.worker * 1000 + split.row * 100 + i))
+            for i, (env, seed) in enumerate(zip(split.envs, seeds)):
+                obs, _ = env.reset(seed=seed)
                 self._write_obs(obs_as_dict(obs), split.buffer_ids[i], 0)
             self.env_step_sec += time.perf_counter() - started
             self._request(split)

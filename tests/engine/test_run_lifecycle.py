@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import psutil
+
 from helpers import read_summary, run_train, train_command
 
 FAST = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=4", "--worker_num_splits=2"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+
 from helpers import read_summary, run_train
 
 pytestmark = pytest.mark.slow
