@@ -30,15 +30,21 @@ def wait_for_training(process: subprocess.Popen, timeout: float = 120) -> None:
     raise AssertionError(f"the run ended early with code {process.wait()}")
 
 
-def test_sigint_saves_a_checkpoint_and_leaves_no_process_or_shared_memory(train_dir):
-    shm_before = shm_entries()
+def start_long_training(train_dir, experiment: str) -> subprocess.Popen:
+    """Start a run that would go on for a long time, and return once the learner has trained."""
     process = subprocess.Popen(
-        train_command(train_dir, "interrupted", *FAST, "--train_for_env_steps=100000000"),
+        train_command(train_dir, experiment, *FAST, "--train_for_env_steps=100000000"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     wait_for_training(process)
+    return process
+
+
+def test_sigint_saves_a_checkpoint_and_leaves_no_process_or_shared_memory(train_dir):
+    shm_before = shm_entries()
+    process = start_long_training(train_dir, "interrupted")
     children = psutil.Process(process.pid).children(recursive=True)
     assert len(children) >= 4  # 2 rollout workers, 1 inference worker, 1 learner
     process.send_signal(signal.SIGINT)
@@ -147,13 +153,7 @@ def test_env_registered_from_a_user_script_runs_in_spawned_workers(tmp_path, tra
 
 
 def test_a_dead_worker_fails_the_run_cleanly_and_names_it(train_dir):
-    process = subprocess.Popen(
-        train_command(train_dir, "crash", *FAST, "--train_for_env_steps=100000000"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    wait_for_training(process)
+    process = start_long_training(train_dir, "crash")
     children = psutil.Process(process.pid).children(recursive=True)
     names = {c.name(): c for c in children}
     assert {"sfe-rollout-0", "sfe-rollout-1", "sfe-inference-0", "sfe-learner"} <= set(names), names
