@@ -164,3 +164,16 @@ def test_a_dead_worker_fails_the_run_cleanly_and_names_it(train_dir):
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
     assert list((train_dir / "crash" / "checkpoints").glob("checkpoint_*.pt"))  # the learner still saved
+
+
+def test_second_sigint_forces_the_exit_and_leaves_no_process(train_dir):
+    process = start_long_training(train_dir, "forced")
+    children = psutil.Process(process.pid).children(recursive=True)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.3)  # two signals sent at once may be delivered as one
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 130, output
+    assert "forced exit" in output
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"stray processes: {alive}"

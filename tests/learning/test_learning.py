@@ -74,4 +74,7 @@ def test_dict_observation_with_image_learns_through_the_cnn(train_dir):
         "--train_for_env_steps=40000",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert read_summary(train_dir, "bandit")["episode_return_mean"] >= 11.0
+    summary = read_summary(train_dir, "bandit")
+    assert summary["episode_return_mean"] >= 11.0
+    # The env reports info["success"] (>= 12 right of 16): a random policy succeeds in 4% of episodes.
+    assert summary["success_rate"] >= 0.3
