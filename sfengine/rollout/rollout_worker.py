@@ -209,13 +209,13 @@ class RolloutWorker(Component):
         """Hand the full buffers to the batcher; continue in fresh ones. False if the split must wait."""
         ids, last = split.buffer_ids, self.rollout
         # Keep the last step (obs and policy output): it is step 0 of the next rollout.
-        split.held = {name: self.traj[f"obs.{key}"][ids, last] for name, key in self._obs_names()}
-        split.held.update({name: self.traj[name][ids, last] for name in POLICY_FIELDS})
+        obs_fields = [f"obs.{key}" for key in self.obs_np]
+        split.held = {name: self.traj[name][ids, last] for name in (*obs_fields, *POLICY_FIELDS)}
         self.trajectories_ready.emit(TrajectoriesReady(tuple(int(i) for i in ids)))
         split.rollouts_since_update += 1
         if self.sync_rollouts and split.rollouts_since_update >= self.sync_rollouts:
             # On-policy: the next rollout must start with the next policy's actions, so drop these.
-            split.held = {name: value for name, value in split.held.items() if name.startswith("obs.")}
+            split.held = {name: split.held[name] for name in obs_fields}
             split.may_resume = False
             self.waiting_splits.append(split)
             return False
@@ -224,9 +224,6 @@ class RolloutWorker(Component):
             return False
         self._continue_in_new_buffers(split)
         return True
-
-    def _obs_names(self):
-        return [(f"obs.{key}", key) for key in self.obs_np]
 
     def _continue_in_new_buffers(self, split: SplitRunner) -> None:
         self._take_buffers(split)
