@@ -92,25 +92,30 @@ def run_sample_factory(sf_python: str, setting: dict, seconds: float, train_dir:
         return {"error": tail[0][:200]}
     result = json.loads(lines[-1])
     return {
-        "fps": result["fps"],
+        "fps": round(result["fps"], 1),
         "env_steps": result["env_steps"],
         "peak_rss_mb": round(run.peak_rss_mb),
         "cpu_percent": round(run.cpu_percent),
     }
 
 
+def fmt_fps(result: dict) -> str:
+    if "fps" in result and result["fps"] is not None:
+        return f"{result['fps']:,.0f}"
+    return result.get("error", "-")
+
+
 def markdown_table(rows: list[dict]) -> str:
     lines = [
-        "| mode | splits | sfengine FPS | Sample Factory FPS | ratio | sfengine peak RSS MB | SF peak RSS MB |",
+        "| mode | splits | sfengine FPS | Sample Factory FPS | ratio | sfengine return | sfengine / SF peak RSS MB |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         ours, theirs = row["sfengine"], row.get("sample_factory", {})
         ratio = f"{ours['fps'] / theirs['fps']:.2f}" if ours.get("fps") and theirs.get("fps") else "-"
         lines.append(
-            f"| {row['mode']} | {row['worker_num_splits']} | {ours.get('fps', ours.get('error'))} | "
-            f"{theirs.get('fps', theirs.get('error', '-'))} | {ratio} | {ours.get('peak_rss_mb', '-')} | "
-            f"{theirs.get('peak_rss_mb', '-')} |"
+            f"| {row['mode']} | {row['worker_num_splits']} | {fmt_fps(ours)} | {fmt_fps(theirs)} | {ratio} | "
+            f"{ours.get('episode_return_mean', '-')} | {ours.get('peak_rss_mb', '-')} / {theirs.get('peak_rss_mb', '-')} |"
         )
     return "\n".join(lines)
 
@@ -122,7 +127,11 @@ def main() -> None:
     parser.add_argument("--modes", default="async,serial,sync")
     parser.add_argument("--splits", default="1,2")
     parser.add_argument("--out", default=str(RESULTS / "sample_factory_cartpole"))
+    parser.add_argument("--table_from", default=None, help="only print the table of an earlier JSON result")
     args = parser.parse_args()
+    if args.table_from:
+        print(markdown_table(json.loads(Path(args.table_from).read_text())["rows"]))
+        return
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -149,21 +149,28 @@ def sf_argv(args: argparse.Namespace, train_dir: str) -> list[str]:
 
 
 def reap_children(timeout: float) -> int:
-    """Wait for SF's worker processes to exit; kill what is still alive after `timeout`. Returns how many were killed."""
+    """Wait for SF's worker processes to exit; kill what is still alive after `timeout`. Returns how many were killed.
+
+    multiprocessing's resource tracker and torch's torch_shm_manager only exit after this process does,
+    so they are neither waited for nor killed.
+    """
     import psutil
 
-    me = psutil.Process(os.getpid())
+    def workers():
+        out = []
+        for child in psutil.Process(os.getpid()).children(recursive=True):
+            cmd = " ".join(_cmdline(child))
+            if "resource_tracker" not in cmd and "torch_shm_manager" not in cmd:
+                out.append(child)
+        return out
+
     deadline = time.time() + timeout
     while time.time() < deadline:
-        # multiprocessing's resource tracker only exits with us: don't wait for it
-        alive = [c for c in me.children(recursive=True) if "resource_tracker" not in " ".join(_cmdline(c))]
-        if not alive:
+        if not workers():
             return 0
         time.sleep(0.2)
     killed = 0
-    for child in me.children(recursive=True):
-        if "resource_tracker" in " ".join(_cmdline(child)):
-            continue
+    for child in workers():
         try:
             child.kill()
             killed += 1
@@ -207,7 +214,21 @@ def main(argv=None) -> int:
     json_out = os.fdopen(os.dup(1), "w")
     sys.stdout.flush()
     os.dup2(2, 1)
+    try:
+        return _benchmark(args, t_script_start, json_out)
+    except BaseException as exc:  # still answer with one JSON line, and leave no worker behind
+        import traceback
 
+        traceback.print_exc()
+        err = {"error": repr(exc), "fps": None, "env_steps": None, "wall_seconds": None, "peak_rss_mb": None}
+        err["settings"] = vars(args)
+        json_out.write(json.dumps(err) + "\n")
+        json_out.flush()
+        reap_children(timeout=5.0)
+        return 2
+
+
+def _benchmark(args: argparse.Namespace, t_script_start: float, json_out) -> int:
     rss = TreeRssSampler(args.rss_interval)
     rss.start()
 
