@@ -32,6 +32,7 @@ class WorkerReport(NamedTuple):
     env_step_sec: float  # time inside env.step/reset
     busy_sec: float  # time in the worker's slots in total (bookkeeping included)
     wall_sec: float  # length of the reporting window
+    env_failures: int = 0  # envs that raised and were rebuilt in this window
 
 
 class InferenceReport(NamedTuple):

@@ -147,6 +147,7 @@ class Runner(Component):
             + f" (10/60/300s)  return {ret if ret is None else round(ret, 2)}"
             + (f"  success {summary['success_rate']:.2f}" if "success_rate" in summary else "")
             + f"  lag {learner.get('policy_lag_mean', float('nan')):.1f}"
+            + (f"  env failures {stats.env_failures}" if stats.env_failures else "")
             + "  time: "
             + " ".join(f"{name} {100 * value:.0f}%" for name, value in split.items())
         )
@@ -158,7 +159,7 @@ class Runner(Component):
             self.writer.add_scalar(f"perf/fps_{w}s", fps[w], step)
         for name, value in split.items():
             self.writer.add_scalar(f"perf/time_{name}", value, step)
-        for name in ("episode_return_mean", "episode_len_mean", "success_rate"):
+        for name in ("episode_return_mean", "episode_len_mean", "success_rate", "env_failures"):
             if summary.get(name) is not None:
                 self.writer.add_scalar(f"episodes/{name}", summary[name], step)
         for name, value in learner.items():

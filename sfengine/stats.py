@@ -20,6 +20,7 @@ class RunStats:
         self.env_steps = initial_env_steps
         self.policy_version = 0
         self.episodes = 0
+        self.env_failures = 0
         self.returns: deque[float] = deque(maxlen=stats_window)
         self.lengths: deque[int] = deque(maxlen=stats_window)
         self.successes: deque[float] = deque(maxlen=stats_window)
@@ -44,6 +45,7 @@ class RunStats:
             self.lengths.append(episode.length)
             if not math.isnan(episode.success):
                 self.successes.append(episode.success)
+        self.env_failures += report.env_failures
         self.worker_env += report.env_step_sec
         self.worker_busy += report.busy_sec
         self.worker_wall += report.wall_sec
@@ -113,6 +115,7 @@ class RunStats:
             "fps": round((self.env_steps - self.initial_env_steps) / max(wall, 1e-6), 1),
             "fps_steady": self._steady_fps(),
             "episodes": self.episodes,
+            "env_failures": self.env_failures,
             "episode_return_mean": float(np.mean(self.returns)) if self.returns else None,
             "episode_len_mean": float(np.mean(self.lengths)) if self.lengths else None,
             "policy_lag_mean": self.lag_sum / self.lag_count if self.lag_count else None,

@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 class SplitRunner:
     """One group of envs of a worker and the state of its current rollout."""
 
-    def __init__(self, envs: list, row: int):
+    def __init__(self, envs: list, contexts: list[EnvContext], row: int):
         self.envs = envs
+        self.contexts = contexts
         self.row = row  # row in SplitState: worker * num_splits + split
         self.buffer_ids = np.zeros(len(envs), dtype=np.int64)
         self.t = 0
@@ -99,32 +100,28 @@ class RolloutWorker(Component):
         self.rollout = cfg.sampler.rollout
 
         envs_per_split = cfg.envs_per_split
-        self.env_seeds: list[list[int]] = []
         for split in range(cfg.sampler.worker_num_splits):
-            envs, seeds = [], []
+            contexts = []
             for i in range(envs_per_split):
                 env_index = split * envs_per_split + i
                 # Distinct across all envs of the run, and reproducible from --seed.
                 seed = cfg.env.seed * 1_000_003 + self.worker * cfg.sampler.num_envs_per_worker + env_index
-                envs.append(
-                    self.env_factory(EnvContext(cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps))
-                )
-                seeds.append(seed)
-            self.splits.append(SplitRunner(envs, self.worker * cfg.sampler.worker_num_splits + split))
-            self.env_seeds.append(seeds)
+                contexts.append(EnvContext(cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps))
+            envs = [self.env_factory(ctx) for ctx in contexts]
+            self.splits.append(SplitRunner(envs, contexts, self.worker * cfg.sampler.worker_num_splits + split))
 
         self.finished_episodes: list[EpisodeStats] = []
+        self.env_failures = 0
         self.env_step_sec = self.busy_sec = 0.0
         self.window_start = time.perf_counter()
         self.report_timer = Timer(self.event_loop, 1.0)
         self.report_timer.timeout.connect(self._send_report)
 
-        for split, seeds in zip(self.splits, self.env_seeds):
+        for split in self.splits:
             started = time.perf_counter()
             self._take_buffers(split)
-            for i, (env, seed) in enumerate(zip(split.envs, seeds)):
-                obs, _ = env.reset(seed=seed)
-                self._write_obs(obs_as_dict(obs), split.buffer_ids[i], 0)
+            for i, ctx in enumerate(split.contexts):
+                self._write_obs(self._reset_env(split, i, seed=ctx.seed), split.buffer_ids[i], 0)
             self.env_step_sec += time.perf_counter() - started
             self._request(split)
 
@@ -174,26 +171,69 @@ class RolloutWorker(Component):
         truncated = np.zeros(len(ids), dtype=bool)
         env_started = time.perf_counter()
         for i, env in enumerate(split.envs):
-            obs, reward, term, trunc, info = env.step(actions[i])
+            try:
+                obs, reward, term, trunc, info = env.step(actions[i])
+            except Exception:  # noqa: BLE001  (a simulator failure costs one episode, never the run)
+                obs = self._replace_failed_env(split, i, ids[i], t)
+                rewards[i], truncated[i] = 0.0, True
+                self._write_obs(obs, ids[i], t + 1)
+                continue
             rewards[i] = reward
             if term or trunc:
                 terminated[i], truncated[i] = term, trunc and not term
                 self._end_episode(split, i, float(reward), info)
                 if truncated[i]:
-                    for key, value in obs_as_dict(obs).items():
-                        self.final_obs_np[key][split.row, i] = value
-                    split.truncated_envs.append(i)
-                obs, _ = env.reset()
+                    self._keep_final_obs(split, i, obs_as_dict(obs))
+                obs = self._reset_env(split, i)
             else:
                 split.episode_returns[i] += reward
                 split.episode_lengths[i] += 1
-            self._write_obs(obs_as_dict(obs), ids[i], t + 1)
+                obs = obs_as_dict(obs)
+            self._write_obs(obs, ids[i], t + 1)
         self.env_step_sec += time.perf_counter() - env_started
         self.traj["rewards"][ids, t] = rewards
         self.traj["terminated"][ids, t] = terminated
         self.traj["truncated"][ids, t] = truncated
         split.t = t + 1
         self._request(split)
+
+    def _keep_final_obs(self, split: SplitRunner, i: int, obs: dict) -> None:
+        """A truncated episode's last observation, for the inference worker to value (the bootstrap)."""
+        for key, value in obs.items():
+            self.final_obs_np[key][split.row, i] = value
+        split.truncated_envs.append(i)
+
+    def _reset_env(self, split: SplitRunner, i: int, seed: int | None = None) -> dict:
+        try:
+            obs, _ = split.envs[i].reset(seed=seed)
+        except Exception:  # noqa: BLE001  (a failed reset is handled like a failed step: rebuild once)
+            log.exception("%s: reset failed; rebuilding the env", self._describe(split, i))
+            self.env_failures += 1
+            self._rebuild_env(split, i)
+            obs, _ = split.envs[i].reset()
+        return obs_as_dict(obs)
+
+    def _replace_failed_env(self, split: SplitRunner, i: int, buffer_id: int, t: int) -> dict:
+        """Rebuild an env whose step raised. Its episode is dropped from the statistics and, for learning, cut
+        here like a time limit: the last good observation (entry t) bootstraps the value."""
+        log.exception("%s: step failed; rebuilding the env and dropping its episode", self._describe(split, i))
+        self.env_failures += 1
+        self._keep_final_obs(split, i, {key: self.obs_np[key][buffer_id, t] for key in self.obs_np})
+        split.episode_returns[i] = 0.0
+        split.episode_lengths[i] = 0
+        self._rebuild_env(split, i)
+        return self._reset_env(split, i)
+
+    def _rebuild_env(self, split: SplitRunner, i: int) -> None:
+        try:
+            split.envs[i].close()
+        except Exception:  # noqa: BLE001  (the env is already broken; closing it is best effort)
+            pass
+        split.envs[i] = self.env_factory(split.contexts[i])
+
+    def _describe(self, split: SplitRunner, i: int) -> str:
+        ctx = split.contexts[i]
+        return f"rollout worker {self.worker}, env {ctx.env_index} ({ctx.name})"
 
     def _end_episode(self, split: SplitRunner, i: int, last_reward: float, info: dict) -> None:
         success = info.get("success", info.get("is_success", math.nan))
@@ -264,9 +304,17 @@ class RolloutWorker(Component):
     def _send_report(self) -> None:
         now = time.perf_counter()
         self.report.emit(
-            WorkerReport(self.worker, self.finished_episodes, self.env_step_sec, self.busy_sec, now - self.window_start)
+            WorkerReport(
+                self.worker,
+                self.finished_episodes,
+                self.env_step_sec,
+                self.busy_sec,
+                now - self.window_start,
+                self.env_failures,
+            )
         )
         self.finished_episodes = []
+        self.env_failures = 0
         self.env_step_sec = self.busy_sec = 0.0
         self.window_start = now
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -18,6 +19,19 @@ FAST = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=4", "--wo
 
 def shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm"))
+
+
+def leaked_shm(before: set[str]) -> set[str]:
+    """Entries created since ``before`` that still exist and that no live process maps: a run's leftovers.
+    (Entries still mapped belong to some other live process, such as a concurrent run.)"""
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                mapped.update(line.split()[-1] for line in f if "/dev/shm/" in line)
+        except OSError:
+            pass
+    return {e for e in shm_entries() - before if f"/dev/shm/{e}" not in mapped}
 
 
 def wait_for_training(process: subprocess.Popen, timeout: float = 120) -> None:
@@ -52,7 +66,7 @@ def test_sigint_saves_a_checkpoint_and_leaves_no_process_or_shared_memory(train_
     assert process.returncode == 0, output
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"stray processes: {alive}"
-    assert shm_entries() - shm_before == set()
+    assert leaked_shm(shm_before) == set()
     checkpoints = list((train_dir / "interrupted" / "checkpoints").glob("checkpoint_*.pt"))
     assert len(checkpoints) == 1
     summary = read_summary(train_dir, "interrupted")
@@ -123,7 +137,29 @@ USER_SCRIPT = textwrap.dedent(
         return gym.make("CartPole-v1", max_episode_steps=25)
 
 
+    class FlakySimulator(gym.Wrapper):
+        # Raises inside step on every 3rd episode, as a crashing physics engine would.
+
+        episodes = 0
+
+        def reset(self, **kwargs):
+            FlakySimulator.episodes += 1
+            self.steps = 0
+            return self.env.reset(**kwargs)
+
+        def step(self, action):
+            self.steps += 1
+            if FlakySimulator.episodes % 3 == 0 and self.steps == 5:
+                raise RuntimeError("simulated physics blow-up")
+            return self.env.step(action)
+
+
+    def make_flaky_cartpole(ctx):
+        return FlakySimulator(gym.make("CartPole-v1"))
+
+
     register_env("short_cartpole", make_short_cartpole)
+    register_env("flaky_cartpole", make_flaky_cartpole)
     register_env("lambda_env", lambda ctx: gym.make("CartPole-v1"))
 
     if __name__ == "__main__":
@@ -167,6 +203,7 @@ def test_a_dead_worker_fails_the_run_cleanly_and_names_it(train_dir):
 
 
 def test_second_sigint_forces_the_exit_and_leaves_no_process(train_dir):
+    shm_before = shm_entries()
     process = start_long_training(train_dir, "forced")
     children = psutil.Process(process.pid).children(recursive=True)
     process.send_signal(signal.SIGINT)
@@ -177,3 +214,21 @@ def test_second_sigint_forces_the_exit_and_leaves_no_process(train_dir):
     assert "forced exit" in output
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()
+
+
+def test_an_env_that_raises_is_rebuilt_and_the_run_goes_on(tmp_path, train_dir):
+    script = tmp_path / "my_train.py"
+    script.write_text(USER_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), f"--train_dir={train_dir}", *FAST[1:], "--env=flaky_cartpole"]
+        + ["--experiment=flaky", "--train_for_env_steps=20000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(train_dir, "flaky")
+    assert summary["env_failures"] > 10
+    assert summary["episodes"] > 100  # the workers kept collecting
+    assert "step failed; rebuilding the env" in result.stderr
