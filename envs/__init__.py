@@ -4,9 +4,12 @@ Importing this package registers every built-in env with ``sfengine.register_env
 registration: ``--env=CartPole-v1`` works as it is.
 
 - ``image_bandit``: a dict observation (16x16 uint8 image + vector) whose answer is only in the image.
+- ``multitask_toy``: 4 tasks x 5 init states, for the task scheduling machinery.
 """
 
 from sfengine.env_registry import register_env
 from sfengine_envs.image_bandit import make_image_bandit
+from sfengine_envs.multitask_toy import make_multitask_toy
 
 register_env("image_bandit", make_image_bandit)
+register_env("multitask_toy", make_multitask_toy)

@@ -22,6 +22,7 @@ class EpisodeStats(NamedTuple):
     episode_return: float
     length: int
     success: float  # nan when the env does not report success
+    task: int = -1  # the task of a multi-task env, -1 otherwise
 
 
 class WorkerReport(NamedTuple):

@@ -70,10 +70,10 @@ def connect_components(runner: Runner, c: Components, num_inference_workers: int
 
 
 class Runner(Component):
-    def __init__(self, event_loop, cfg: Config, initial_env_steps: int):
+    def __init__(self, event_loop, cfg: Config, initial_env_steps: int, task_names: list[str] | None = None):
         super().__init__(event_loop, "runner")
         self.cfg = cfg
-        self.stats = RunStats(cfg.run.stats_window, initial_env_steps)
+        self.stats = RunStats(cfg.run.stats_window, initial_env_steps, task_names)
         self.processes: list[EngineProcess] = []
         self.stop_reason: str | None = None
         self.stop_started = 0.0
@@ -164,6 +164,8 @@ class Runner(Component):
                 self.writer.add_scalar(f"episodes/{name}", summary[name], step)
         for name, value in learner.items():
             self.writer.add_scalar(f"train/{name}", value, step)
+        for name, value in summary.get("per_task_success", {}).items():
+            self.writer.add_scalar(f"tasks/{name}/success", value, step)
 
     def finish(self) -> dict:
         """Write summary.json and close TensorBoard; called once the loop has exited."""
@@ -235,6 +237,7 @@ def run(
     action_spec: ActionSpec,
     model: ActorCritic,
     resume_state: dict | None,
+    task_names: list[str] | None = None,
 ) -> int:
     """Train until a stop condition; return the process exit code."""
     mp_context = multiprocessing.get_context("spawn")
@@ -246,7 +249,7 @@ def run(
     weights.publish(model, initial_version)
 
     runner_loop = EngineEventLoop("runner_evt_loop", serial_mode=cfg.sampler.serial_mode)
-    runner = Runner(runner_loop, cfg, initial_env_steps)
+    runner = Runner(runner_loop, cfg, initial_env_steps, task_names)
     runner_loop.start.connect(runner.on_start)
     components = build_components(
         cfg, runner_loop, buffers, weights, env_factory, obs_spec, action_spec, resume_state, mp_context

@@ -14,7 +14,7 @@ FPS_WINDOWS = (10, 60, 300)
 
 
 class RunStats:
-    def __init__(self, stats_window: int, initial_env_steps: int):
+    def __init__(self, stats_window: int, initial_env_steps: int, task_names: list[str] | None = None):
         self.started = time.time()
         self.initial_env_steps = initial_env_steps
         self.env_steps = initial_env_steps
@@ -24,6 +24,9 @@ class RunStats:
         self.returns: deque[float] = deque(maxlen=stats_window)
         self.lengths: deque[int] = deque(maxlen=stats_window)
         self.successes: deque[float] = deque(maxlen=stats_window)
+        self.task_names = task_names or []
+        self.task_successes: dict[int, deque[float]] = {}
+        self.stats_window = stats_window
         self.step_history: deque[tuple[float, int]] = deque([(self.started, initial_env_steps)])
         self.learner_stats: dict[str, list[float]] = {}
         self.lag_sum = self.lag_count = 0.0
@@ -45,6 +48,9 @@ class RunStats:
             self.lengths.append(episode.length)
             if not math.isnan(episode.success):
                 self.successes.append(episode.success)
+                if episode.task >= 0:
+                    per_task = self.task_successes.setdefault(episode.task, deque(maxlen=self.stats_window))
+                    per_task.append(episode.success)
         self.env_failures += report.env_failures
         self.worker_env += report.env_step_sec
         self.worker_busy += report.busy_sec
@@ -123,4 +129,14 @@ class RunStats:
         }
         if self.successes:
             summary["success_rate"] = float(np.mean(self.successes))
+        if self.task_successes:
+            summary["per_task_success"] = self.per_task_success()
         return summary
+
+    def per_task_success(self) -> dict[str, float]:
+        """Success rate of the last ``stats_window`` episodes of each visited task, keyed by task name."""
+        names = self.task_names
+        return {
+            (names[task] if task < len(names) else f"task_{task}"): float(np.mean(values))
+            for task, values in sorted(self.task_successes.items())
+        }

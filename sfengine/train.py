@@ -17,6 +17,7 @@ from sfengine.checkpoint import CheckpointError, list_checkpoints, load_latest_c
 from sfengine.config import Config, ConfigError, parse_config, save_config
 from sfengine.env_registry import EnvContext, EnvFactory, resolve_env_factory
 from sfengine.models.actor_critic import ActorCritic
+from sfengine.multitask import TaskInfo, task_info
 from sfengine.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space
 
 log = logging.getLogger("sfengine")
@@ -38,14 +39,14 @@ def prepare_experiment_dir(cfg: Config) -> dict | None:
     return resume_state
 
 
-def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec]:
-    """Build one env in this process to learn its spaces, then close it."""
+def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, TaskInfo | None]:
+    """Build one env in this process to learn its spaces (and tasks, for a multi-task env), then close it."""
     try:
         env = factory(EnvContext(cfg.env.env, -1, 0, cfg.env.seed, cfg.env.max_episode_steps))
     except Exception as exc:  # noqa: BLE001  (any failure here is a failure to build the user's env)
         raise ConfigError(f"env '{cfg.env.env}' could not be created: {type(exc).__name__}: {exc}") from None
     try:
-        return obs_spec_from_space(env.observation_space), action_spec_from_space(env.action_space)
+        return obs_spec_from_space(env.observation_space), action_spec_from_space(env.action_space), task_info(env)
     except UnsupportedSpaceError as exc:
         raise ConfigError(f"env '{cfg.env.env}': {exc}") from None
     finally:
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_config(argv)
         factory = resolve_env_factory(cfg.env.env)
-        obs_spec, action_spec = probe_env(cfg, factory)
+        obs_spec, action_spec, tasks = probe_env(cfg, factory)
         if cfg.run.restart_behavior == "resume" and list_checkpoints(cfg.experiment_dir):
             print(f"resuming '{cfg.run.experiment}' from {list_checkpoints(cfg.experiment_dir)[-1]}", flush=True)
         resume_state = prepare_experiment_dir(cfg)
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     from sfengine.runner import run
 
-    return run(cfg, factory, obs_spec, action_spec, model, resume_state)
+    return run(cfg, factory, obs_spec, action_spec, model, resume_state, tasks.task_names if tasks else None)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from sfengine.config import Config
 from sfengine.env_registry import EnvContext, EnvFactory
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.messages import EpisodeStats, InferenceRequest, TrajectoriesReady, WorkerReport
+from sfengine.multitask import task_info
+from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine.spaces import ActionSpec, obs_as_dict
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class SplitRunner:
         self.episode_returns = np.zeros(len(envs), dtype=np.float64)
         self.episode_lengths = np.zeros(len(envs), dtype=np.int64)
         self.truncated_envs: list[int] = []  # envs whose final obs awaits V(final_obs)
+        self.tasks = np.full(len(envs), -1, dtype=np.int64)  # the task each env is playing (multi-task envs)
         self.held: dict[str, np.ndarray] | None = None  # last step of a rollout while the split waits
         self.may_resume = True  # False while it waits for a new policy (synchronous mode)
         self.rollouts_since_update = 0
@@ -109,6 +112,11 @@ class RolloutWorker(Component):
                 contexts.append(EnvContext(cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps))
             envs = [self.env_factory(ctx) for ctx in contexts]
             self.splits.append(SplitRunner(envs, contexts, self.worker * cfg.sampler.worker_num_splits + split))
+        info = task_info(self.splits[0].envs[0])
+        # One sequence per worker for now, started at a different place in each worker.
+        self.schedule = None if info is None else TaskSchedule(shard_pairs(info.init_states_per_task, 0, 1))
+        if self.schedule is not None:
+            self.schedule.position = self.worker * cfg.sampler.num_envs_per_worker
 
         self.finished_episodes: list[EpisodeStats] = []
         self.env_failures = 0
@@ -204,13 +212,18 @@ class RolloutWorker(Component):
         split.truncated_envs.append(i)
 
     def _reset_env(self, split: SplitRunner, i: int, seed: int | None = None) -> dict:
+        options = None
+        if self.schedule is not None:
+            assignment = self.schedule.next()
+            split.tasks[i] = assignment.task
+            options = {"task": assignment.task, "init_state": assignment.init_state}
         try:
-            obs, _ = split.envs[i].reset(seed=seed)
+            obs, _ = split.envs[i].reset(seed=seed, options=options)
         except Exception:  # noqa: BLE001  (a failed reset is handled like a failed step: rebuild once)
             log.exception("%s: reset failed; rebuilding the env", self._describe(split, i))
             self.env_failures += 1
             self._rebuild_env(split, i)
-            obs, _ = split.envs[i].reset()
+            obs, _ = split.envs[i].reset(options=options)
         return obs_as_dict(obs)
 
     def _replace_failed_env(self, split: SplitRunner, i: int, buffer_id: int, t: int) -> dict:
@@ -239,7 +252,10 @@ class RolloutWorker(Component):
         success = info.get("success", info.get("is_success", math.nan))
         self.finished_episodes.append(
             EpisodeStats(
-                float(split.episode_returns[i] + last_reward), int(split.episode_lengths[i] + 1), float(success)
+                float(split.episode_returns[i] + last_reward),
+                int(split.episode_lengths[i] + 1),
+                float(success),
+                int(split.tasks[i]),
             )
         )
         split.episode_returns[i] = 0.0

@@ -232,3 +232,11 @@ def test_an_env_that_raises_is_rebuilt_and_the_run_goes_on(tmp_path, train_dir):
     assert summary["env_failures"] > 10
     assert summary["episodes"] > 100  # the workers kept collecting
     assert "step failed; rebuilding the env" in result.stderr
+
+
+def test_multi_task_env_gets_assignments_and_reports_success_per_task(train_dir):
+    result = run_train(train_dir, "tasks", *FAST[1:], "--env=multitask_toy", "--train_for_env_steps=10000")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(train_dir, "tasks")
+    assert set(summary["per_task_success"]) == {f"toy_task_{t}" for t in range(4)}
+    assert all(0.0 <= v <= 1.0 for v in summary["per_task_success"].values())

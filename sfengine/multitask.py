@@ -1,0 +1,32 @@
+"""The contract of a multi-task env (a LIBERO suite, for example), as the engine sees it.
+
+A multi-task env exposes, on ``env.unwrapped``:
+
+    num_tasks: int
+    task_names: list[str]
+    num_init_states(task: int) -> int
+
+and accepts ``reset(options={"task": t, "init_state": i})``. The rollout worker draws these assignments from a
+``TaskSchedule`` and reports each episode's task, so success is tracked per task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    task_names: list[str]
+    init_states_per_task: list[int]
+
+
+def task_info(env: gym.Env) -> TaskInfo | None:
+    """The tasks of a multi-task env, or None for an ordinary env."""
+    base = env.unwrapped
+    if not hasattr(base, "num_tasks") or not hasattr(base, "num_init_states"):
+        return None
+    names = list(getattr(base, "task_names", [f"task_{t}" for t in range(base.num_tasks)]))
+    return TaskInfo(names, [int(base.num_init_states(t)) for t in range(base.num_tasks)])
