@@ -5,11 +5,18 @@ registration: ``--env=CartPole-v1`` works as it is.
 
 - ``image_bandit``: a dict observation (16x16 uint8 image + vector) whose answer is only in the image.
 - ``multitask_toy``: 4 tasks x 5 init states, for the task scheduling machinery.
+- ``libero_spatial``, ``libero_object``, ``libero_goal``, ``libero_10``, ``libero_90``: LIBERO suites (needs the
+  ``libero`` extra: ``pip install -e '.[libero]'``; LIBERO is imported only when such an env is built).
 """
+
+from functools import partial
 
 from sfengine.env_registry import register_env
 from sfengine_envs.image_bandit import make_image_bandit
+from sfengine_envs.libero_suite import SUITE_STEP_LIMITS, make_libero_env
 from sfengine_envs.multitask_toy import make_multitask_toy
 
 register_env("image_bandit", make_image_bandit)
 register_env("multitask_toy", make_multitask_toy)
+for suite in SUITE_STEP_LIMITS:
+    register_env(suite, partial(make_libero_env, suite))

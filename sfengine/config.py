@@ -38,6 +38,9 @@ class EnvConfig:
     env: str = option("CartPole-v1", "environment: a registered sfengine env or any gymnasium id")
     seed: int = option(0, "base random seed; each env gets its own seed derived from it")
     max_episode_steps: int = option(0, "truncate episodes after this many steps (0: the env's own limit)")
+    libero_obs_mode: str = option("state", "LIBERO observations: state vectors, or rgb images", ("state", "rgb"))
+    libero_image_size: int = option(128, "LIBERO camera image size in pixels (rgb mode)")
+    libero_reward_coef: float = option(1.0, "LIBERO reward on success")
 
 
 @dataclass

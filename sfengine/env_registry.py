@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
-from sfengine.config import ConfigError
+from sfengine.config import ConfigError, EnvConfig
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class EnvContext:
     env_index: int  # index of this env within its rollout worker
     seed: int
     max_episode_steps: int = 0  # 0: the env's own limit
+    env_config: EnvConfig | None = None  # every --env option, for factories that take settings
 
 
 EnvFactory = Callable[[EnvContext], gym.Env]

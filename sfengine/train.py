@@ -42,7 +42,7 @@ def prepare_experiment_dir(cfg: Config) -> dict | None:
 def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, TaskInfo | None]:
     """Build one env in this process to learn its spaces (and tasks, for a multi-task env), then close it."""
     try:
-        env = factory(EnvContext(cfg.env.env, -1, 0, cfg.env.seed, cfg.env.max_episode_steps))
+        env = factory(EnvContext(cfg.env.env, -1, 0, cfg.env.seed, cfg.env.max_episode_steps, cfg.env))
     except Exception as exc:  # noqa: BLE001  (any failure here is a failure to build the user's env)
         raise ConfigError(f"env '{cfg.env.env}' could not be created: {type(exc).__name__}: {exc}") from None
     try:

@@ -109,7 +109,9 @@ class RolloutWorker(Component):
                 env_index = split * envs_per_split + i
                 # Distinct across all envs of the run, and reproducible from --seed.
                 seed = cfg.env.seed * 1_000_003 + self.worker * cfg.sampler.num_envs_per_worker + env_index
-                contexts.append(EnvContext(cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps))
+                contexts.append(
+                    EnvContext(cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps, cfg.env)
+                )
             envs = [self.env_factory(ctx) for ctx in contexts]
             self.splits.append(SplitRunner(envs, contexts, self.worker * cfg.sampler.worker_num_splits + split))
         info = task_info(self.splits[0].envs[0])

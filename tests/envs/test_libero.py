@@ -1,0 +1,83 @@
+"""LIBERO suites through sfengine's adapter: real simulation, state mode (no renderer), and a short training run.
+
+Needs the ``libero`` extra (``pip install -e '.[libero]'``), which CI installs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers import read_summary, run_train
+
+pytest.importorskip("libero", reason="the libero extra is not installed: pip install -e '.[libero]'")
+
+from sfengine.config import EnvConfig  # noqa: E402
+from sfengine.env_registry import EnvContext, resolve_env_factory  # noqa: E402
+from sfengine_envs.libero_suite import SUITE_STEP_LIMITS  # noqa: E402
+
+SUITES = list(SUITE_STEP_LIMITS)
+
+
+def make(suite: str, **env_options):
+    factory = resolve_env_factory(suite)
+    return factory(EnvContext(suite, 0, 0, 0, 0, EnvConfig(env=suite, **env_options)))
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_first_task_of_each_suite_resets_to_an_init_state_and_steps(suite):
+    env = make(suite)
+    try:
+        assert env.num_tasks == (90 if suite == "libero_90" else 10)
+        assert env.num_init_states(0) == 50
+        obs, info = env.reset(options={"task": 0, "init_state": 0})
+        assert info["instruction"] and info["task"] == 0
+        assert env.observation_space.contains(obs)
+        assert obs["proprio"].shape == (39,) and obs["proprio"].dtype == np.float32
+        assert obs["task"].argmax() == 0 and obs["task"].sum() == 1.0
+        assert "agentview" not in obs  # state mode builds no renderer
+        assert env.sim.env.has_offscreen_renderer is False
+        obs, reward, terminated, truncated, _ = env.step(np.zeros(7, dtype=np.float32))
+        assert env.observation_space.contains(obs)
+        assert reward == 0.0 and not terminated and not truncated
+    finally:
+        env.close()
+
+
+def test_episode_is_truncated_at_the_suite_step_limit_not_terminated():
+    env = make("libero_spatial", max_episode_steps=0)
+    env.max_episode_steps = 5
+    try:
+        env.reset(options={"task": 0, "init_state": 3})
+        flags = [env.step(np.zeros(7, dtype=np.float32))[2:4] for _ in range(5)]
+        assert flags[-1] == (False, True) and all(f == (False, False) for f in flags[:-1])
+    finally:
+        env.close()
+    assert SUITE_STEP_LIMITS == {
+        "libero_spatial": 220,
+        "libero_object": 280,
+        "libero_goal": 300,
+        "libero_10": 520,
+        "libero_90": 400,
+    }
+
+
+@pytest.mark.slow
+def test_training_on_libero_spatial_runs_end_to_end(train_dir):
+    result = run_train(
+        train_dir,
+        "libero",
+        "--env=libero_spatial",
+        "--num_workers=2",
+        "--num_envs_per_worker=2",
+        "--worker_num_splits=2",
+        "--batch_size=256",
+        "--num_batches_per_epoch=1",
+        "--train_for_env_steps=2048",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(train_dir, "libero")
+    assert summary["env_steps"] >= 2048 and summary["fps"] > 0
+    # 220-step episodes on 4 envs: several episodes finished, each on a task of the suite.
+    assert summary["per_task_success"]
+    assert all(name.startswith("pick_up_the_black_bowl") for name in summary["per_task_success"])
