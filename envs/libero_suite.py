@@ -196,7 +196,13 @@ class LiberoSuiteEnv(gym.Env):
         init_state = int(options.get("init_state", 0))
         if task != self.task or self.sim is None:
             self._build_sim(task)
+        # Fixture placement comes from the global RNG at reset and is not part of the init state: seed it from
+        # the assignment, so an init state always starts the same episode.
+        self.sim.seed(task * 1000 + init_state)
         self.sim.reset()
+        # A soft reset keeps the gripper's last command, which makes a reused env drift from a fresh one.
+        for robot in self.sim.env.robots:
+            robot.gripper.current_action = np.zeros(robot.gripper.dof)
         raw = self.sim.set_init_state(self.tasks[task].init_states[init_state])
         for _ in range(self.settle_steps):
             raw, _, _, _ = self.sim.step(GRIPPER_OPEN_NOOP)
