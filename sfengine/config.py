@@ -151,9 +151,6 @@ class Config:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def flat(self) -> dict[str, Any]:
-        return {name: value for group in self.to_dict().values() for name, value in group.items()}
-
 
 def _option_owner() -> dict[str, str]:
     """Maps each flat option name to the group that declares it."""

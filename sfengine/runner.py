@@ -138,6 +138,7 @@ class Runner(Component):
     def _status(self) -> None:
         stats, summary = self.stats, self.stats.summary()
         fps = {w: stats.fps(w) for w in FPS_WINDOWS}
+        requests_per_batch = stats.inference_requests_per_batch()
         split = stats.time_split()
         learner = stats.take_learner_means()
         ret = summary["episode_return_mean"]
@@ -159,6 +160,7 @@ class Runner(Component):
             self.writer.add_scalar(f"perf/fps_{w}s", fps[w], step)
         for name, value in split.items():
             self.writer.add_scalar(f"perf/time_{name}", value, step)
+        self.writer.add_scalar("perf/inference_requests_per_batch", requests_per_batch, step)
         for name in ("episode_return_mean", "episode_len_mean", "success_rate", "env_failures"):
             if summary.get(name) is not None:
                 self.writer.add_scalar(f"episodes/{name}", summary[name], step)

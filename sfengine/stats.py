@@ -39,6 +39,7 @@ class RunStats:
         self.split_started = time.time()
         self.worker_env = self.worker_busy = self.worker_wall = 0.0
         self.inference_busy = self.inference_wall = 0.0
+        self.inference_requests = self.inference_batches = 0
         self.learner_busy = self.batcher_busy = 0.0
 
     def add_worker_report(self, report: WorkerReport) -> None:
@@ -59,6 +60,8 @@ class RunStats:
     def add_inference_report(self, report: InferenceReport) -> None:
         self.inference_busy += report.busy_sec
         self.inference_wall += report.wall_sec
+        self.inference_requests += report.requests
+        self.inference_batches += report.batches
 
     def add_learner_report(self, report: LearnerReport) -> None:
         self.env_steps = report.env_steps
@@ -100,6 +103,10 @@ class RunStats:
         }
         self._reset_time_split()
         return split
+
+    def inference_requests_per_batch(self) -> float:
+        """How well inference batches: split requests served per forward pass since the last time split."""
+        return self.inference_requests / self.inference_batches if self.inference_batches else 0.0
 
     def take_learner_means(self) -> dict[str, float]:
         means = {name: float(np.mean(values)) for name, values in self.learner_stats.items() if values}
