@@ -90,7 +90,8 @@ def count_bddl_objects(bddl_file: str) -> int:
     match = re.search(r"\(:objects(.*?)\)", text, re.S)
     if match is None:
         return 0
-    return sum(1 for line in match.group(1).splitlines() if " - " in line for _ in line.split(" - ")[0].split())
+    # Each line reads "name_1 name_2 - type": count the names.
+    return sum(len(line.split(" - ")[0].split()) for line in match.group(1).splitlines() if " - " in line)
 
 
 @cache
