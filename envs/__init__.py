@@ -13,10 +13,10 @@ from functools import partial
 
 from sfengine.env_registry import register_env
 from sfengine_envs.image_bandit import make_image_bandit
-from sfengine_envs.libero_suite import SUITE_STEP_LIMITS, make_libero_env
+from sfengine_envs.libero_suite import SUITE_STEP_LIMITS, make_libero_env, size_libero
 from sfengine_envs.multitask_toy import make_multitask_toy
 
 register_env("image_bandit", make_image_bandit)
 register_env("multitask_toy", make_multitask_toy)
 for suite in SUITE_STEP_LIMITS:
-    register_env(suite, partial(make_libero_env, suite))
+    register_env(suite, partial(make_libero_env, suite), sizer=size_libero)

@@ -1,11 +1,17 @@
 """LIBERO suites as multi-task gymnasium envs: ``libero_spatial``, ``libero_object``, ``libero_goal``,
 ``libero_10`` and ``libero_90``.
 
-One env process plays any task of its suite. ``reset(options={"task": t, "init_state": i})`` follows the
+One env plays any task of its suite. ``reset(options={"task": t, "init_state": i})`` follows the
 multi-task contract of ``sfengine.multitask``:
 
-    soft reset of the simulator (about 30 ms; rebuilt only when the task changes, a few seconds)
-    -> set_init_state(init_states[t][i]) -> ``settle_steps`` no-op steps with the gripper open
+    simulator of task t (kept from an earlier episode, or built: 2-4 s)
+    -> soft reset (about 30 ms) -> set_init_state(init_states[t][i]) -> ``settle_steps`` no-op steps, gripper open
+
+Each task has its own scene, so switching task means another simulator. Building one costs 2-4 s, as much as
+a whole 220-step episode, while each kept simulator holds about 0.27 GB. An env therefore keeps up to
+``sim_cache`` simulators, one per task it played (``--libero_sim_cache``; ``auto`` sizes it from memory). Tasks
+come round-robin, a cyclic order in which evicting the least recently used simulator would miss every time; the
+most recently used one is evicted instead, so a cache of K simulators still serves K-1 tasks of each cycle.
 
 Observations (``obs_mode``):
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 import ctypes.util
 import os
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -32,7 +39,10 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
+from sfengine.config import AUTO, Config
 from sfengine.env_registry import EnvContext
+from sfengine.multitask import TaskInfo
+from sfengine.sizing import Machine
 
 # Step limits commonly used with each suite.
 SUITE_STEP_LIMITS = {
@@ -42,6 +52,14 @@ SUITE_STEP_LIMITS = {
     "libero_10": 520,
     "libero_90": 400,
 }
+# Memory measured here (2 cores): a rollout worker process with LIBERO imported holds about 0.65 GB before its
+# first simulator, and each simulator adds about 0.27 GB in state mode, 0.8 GB with two 128-pixel cameras. The learner and inference processes
+# and the OS keep the rest of the headroom.
+WORKER_PROCESS_GB = 0.65
+SIMULATOR_GB = {"state": 0.27, "rgb": 0.8}  # rgb: measured with 128-pixel cameras and EGL
+OTHER_PROCESSES_GB = 1.5
+MEMORY_HEADROOM = 0.85  # of the memory available at start
+CAMERA_OBSERVABLES = ("agentview_image", "robot0_eye_in_hand_image")
 GRIPPER_OPEN_NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)
 OBJECT_STATE_PER_OBJECT = 14  # position 3, quaternion 4, and both relative to the end effector
 
@@ -120,13 +138,16 @@ class LiberoSuiteEnv(gym.Env):
         settle_steps: int = 10,
         max_episode_steps: int = 0,
         reward_coef: float = 1.0,
+        sim_cache: int = 1,
     ):
         if obs_mode not in ("state", "rgb"):
             raise ValueError(f"obs_mode must be 'state' or 'rgb', not {obs_mode!r}")
         if obs_mode == "rgb":
             choose_headless_gl()  # before the first import of robosuite, which fixes the GL backend
         self.suite, self.obs_mode, self.image_size = suite, obs_mode, image_size
-        self.settle_steps, self.reward_coef = settle_steps, reward_coef
+        if sim_cache < 1:
+            raise ValueError(f"sim_cache must be at least 1, not {sim_cache}")
+        self.settle_steps, self.reward_coef, self.sim_cache = settle_steps, reward_coef, sim_cache
         self.max_episode_steps = max_episode_steps or SUITE_STEP_LIMITS[suite]
         self.tasks = load_suite(suite)
         self.num_tasks = len(self.tasks)
@@ -143,9 +164,11 @@ class LiberoSuiteEnv(gym.Env):
             spaces.update(agentview=image, wrist=image)
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (7,), np.float32)
-        self.sim = None
+        self.sims: OrderedDict[int, object] = OrderedDict()  # task -> its simulator, most recently used last
+        self.sim = None  # the current task's simulator
         self.task = -1
         self.steps = 0
+        self.sims_built = 0
 
     def num_init_states(self, task: int) -> int:
         return len(self.tasks[task].init_states)
@@ -153,12 +176,22 @@ class LiberoSuiteEnv(gym.Env):
     def instruction(self, task: int) -> str:
         return self.tasks[task].instruction
 
-    def _build_sim(self, task: int) -> None:
+    def _switch_to(self, task: int) -> None:
+        """Make task's simulator current: a kept one, or a new one (evicting the most recently used if full)."""
+        if task in self.sims:
+            self.sims.move_to_end(task)
+        else:
+            if len(self.sims) >= self.sim_cache:
+                self.sims.popitem(last=True)[1].close()
+            self.sims[task] = self._build_sim(task)
+        self.sim = self.sims[task]
+        self.task = task
+
+    def _build_sim(self, task: int):
         _, _, control_env = import_libero()
-        if self.sim is not None:
-            self.sim.close()
         rgb = self.obs_mode == "rgb"
-        self.sim = control_env(
+        self.sims_built += 1
+        return control_env(
             bddl_file_name=self.tasks[task].bddl_file,
             has_renderer=False,
             has_offscreen_renderer=rgb,
@@ -168,7 +201,6 @@ class LiberoSuiteEnv(gym.Env):
             camera_widths=self.image_size,
             hard_reset=False,
         )
-        self.task = task
 
     def _obs(self, raw: dict) -> dict[str, np.ndarray]:
         task_one_hot = np.zeros(self.num_tasks, dtype=np.float32)
@@ -196,7 +228,10 @@ class LiberoSuiteEnv(gym.Env):
         task = int(options.get("task", 0))
         init_state = int(options.get("init_state", 0))
         if task != self.task or self.sim is None:
-            self._build_sim(task)
+            self._switch_to(task)
+        cameras = CAMERA_OBSERVABLES if self.obs_mode == "rgb" else ()
+        # Images rendered before the last settle step would be thrown away, at 100-300 ms each: cameras off.
+        self._enable_observables(cameras, False)
         # Fixture placement comes from the global RNG at reset and is not part of the init state: seed it from
         # the assignment, so an init state always starts the same episode.
         self.sim.seed(task * 1000 + init_state)
@@ -207,9 +242,16 @@ class LiberoSuiteEnv(gym.Env):
         raw = self.sim.set_init_state(self.tasks[task].init_states[init_state])
         for _ in range(self.settle_steps):
             raw, _, _, _ = self.sim.step(GRIPPER_OPEN_NOOP)
+        if cameras:
+            self._enable_observables(cameras, True)
+            raw = self.sim.env._get_observations(force_update=True)
         self.steps = 0
         info = {"task": task, "init_state": init_state, "instruction": self.tasks[task].instruction}
         return self._obs(raw), info
+
+    def _enable_observables(self, names: tuple[str, ...], enabled: bool) -> None:
+        for name in names:
+            self.sim.env.modify_observable(name, "enabled", enabled)
 
     def step(self, action):
         raw, _, _, _ = self.sim.step(np.asarray(action, dtype=np.float64))
@@ -222,9 +264,9 @@ class LiberoSuiteEnv(gym.Env):
         return self._obs(raw), self.reward_coef * float(success), success, truncated, info
 
     def close(self):
-        if self.sim is not None:
-            self.sim.close()
-            self.sim = None
+        while self.sims:
+            self.sims.popitem()[1].close()
+        self.sim = None
 
 
 def make_libero_env(suite: str, ctx: EnvContext) -> gym.Env:
@@ -237,4 +279,37 @@ def make_libero_env(suite: str, ctx: EnvContext) -> gym.Env:
         image_size=options.libero_image_size if options else 128,
         reward_coef=options.libero_reward_coef if options else 1.0,
         max_episode_steps=ctx.max_episode_steps,
+        sim_cache=max(options.libero_sim_cache, 1) if options else 1,
     )
+
+
+def size_libero(cfg: Config, machine: Machine, tasks: TaskInfo | None) -> str:
+    """Choose the ``auto`` options of a LIBERO run. The physics is CPU-bound, so one rollout worker per core;
+    then memory: 2 envs per split when every env can keep a simulator for each of its tasks, else 1, and each
+    env keeps as many simulators as the memory left allows (a task switch without one costs a 2-4 s rebuild,
+    as much as a whole episode, so a simulator kept is worth more than an env added)."""
+    s, env = cfg.sampler, cfg.env
+    if s.num_workers == AUTO:
+        s.num_workers = machine.cores
+    num_tasks = len(tasks.task_names) if tasks else 1
+    simulator_gb = SIMULATOR_GB[env.libero_obs_mode]
+    budget_gb = MEMORY_HEADROOM * machine.available_gb - OTHER_PROCESSES_GB - s.num_workers * WORKER_PROCESS_GB
+
+    def simulators_per_env(envs_per_worker: int) -> int:
+        return int(budget_gb / (s.num_workers * envs_per_worker * simulator_gb))
+
+    wanted = num_tasks if env.libero_sim_cache == AUTO else env.libero_sim_cache
+    if s.num_envs_per_worker == AUTO:
+        per_split = 2 if simulators_per_env(2 * s.worker_num_splits) >= wanted else 1
+        s.num_envs_per_worker = per_split * s.worker_num_splits
+    if env.libero_sim_cache == AUTO:
+        env.libero_sim_cache = max(1, min(num_tasks, simulators_per_env(s.num_envs_per_worker)))
+    num_envs = s.num_workers * s.num_envs_per_worker
+    needed_gb = OTHER_PROCESSES_GB + s.num_workers * WORKER_PROCESS_GB + num_envs * env.libero_sim_cache * simulator_gb
+    reason = (
+        f"{machine.cores} cores, {machine.available_gb:.1f} GB available; {num_envs} envs keeping "
+        f"{env.libero_sim_cache} of {num_tasks} task simulators each at {simulator_gb} GB: about {needed_gb:.1f} GB"
+    )
+    if needed_gb > machine.available_gb:
+        reason += "; more than is available: lower --num_envs_per_worker or --libero_sim_cache"
+    return reason

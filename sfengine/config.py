@@ -1,8 +1,8 @@
 """Configuration: every option declared once, with its type, default and help.
 
 Options live in small dataclasses, one per group. The command line is flat (``--num_workers=2``) and
-``--help`` is grouped by dataclass. Precedence: defaults < saved run config (on resume) < YAML preset
-(``--cfg``) < command line.
+``--help`` is grouped by dataclass. Precedence: defaults < the env's own preset (``configs/<env>.yaml``, when
+one ships) or the saved run config (on resume) < YAML preset (``--cfg``) < command line.
 
     cfg = parse_config(["--env=CartPole-v1", "--num_workers=2"])
     cfg.sampler.num_workers  # 2
@@ -25,9 +25,13 @@ class ConfigError(ValueError):
     """A user-caused configuration problem. The message is one line that names the fix."""
 
 
-def option(default: Any, help: str, choices: tuple | None = None) -> Any:
-    """Declare one option: its default and its one line of help (the type comes from the annotation)."""
-    metadata = {"help": help, "choices": choices}
+AUTO = 0  # how an option given as "auto" is held until sfengine.sizing chooses its value
+
+
+def option(default: Any, help: str, choices: tuple | None = None, auto: bool = False) -> Any:
+    """Declare one option: its default and its one line of help (the type comes from the annotation). With
+    ``auto``, the option also takes the value ``auto``: chosen at start from the machine (``sfengine.sizing``)."""
+    metadata = {"help": help, "choices": choices, "auto": auto}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -41,12 +45,15 @@ class EnvConfig:
     libero_obs_mode: str = option("state", "LIBERO observations: state vectors, or rgb images", ("state", "rgb"))
     libero_image_size: int = option(128, "LIBERO camera image size in pixels (rgb mode)")
     libero_reward_coef: float = option(1.0, "LIBERO reward on success")
+    libero_sim_cache: int = option(
+        1, "LIBERO simulators each env keeps, one per task, so a task switch costs no rebuild (2-4 s)", auto=True
+    )
 
 
 @dataclass
 class SamplerConfig:
-    num_workers: int = option(2, "rollout worker processes")
-    num_envs_per_worker: int = option(8, "environments stepped by each rollout worker")
+    num_workers: int = option(2, "rollout worker processes", auto=True)
+    num_envs_per_worker: int = option(8, "environments stepped by each rollout worker", auto=True)
     worker_num_splits: int = option(
         2, "groups of envs per worker; while one group waits for actions the other steps (double buffering)"
     )
@@ -162,6 +169,7 @@ def _option_owner() -> dict[str, str]:
 
 
 OPTION_GROUP = _option_owner()
+AUTO_OPTIONS = {f.name: f.metadata["auto"] for group_cls in GROUPS.values() for f in dataclasses.fields(group_cls)}
 
 
 def _type_name(annotation: Any) -> str:
@@ -170,6 +178,8 @@ def _type_name(annotation: Any) -> str:
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:
     text = _type_name(annotation)
+    if AUTO_OPTIONS.get(name) and str(value).strip().lower() == "auto":
+        return AUTO
     try:
         if text == "bool":
             if isinstance(value, bool):
@@ -217,22 +227,30 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any], source: str) -> None
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-def resolve_preset(path_or_name: str) -> Path:
-    """A preset is a YAML path, or the name of one shipped in configs/ (``--cfg=cartpole``)."""
-    candidates = [Path(path_or_name)]
+def shipped_presets() -> Path:
     try:
         import sfengine_configs
 
-        shipped = Path(sfengine_configs.__file__).parent
+        return Path(sfengine_configs.__file__).parent
     except ImportError:
-        shipped = PRESET_DIR
+        return PRESET_DIR
+
+
+def resolve_preset(path_or_name: str) -> Path:
+    """A preset is a YAML path, or the name of one shipped in configs/ (``--cfg=cartpole``)."""
+    shipped = shipped_presets()
     name = Path(path_or_name).name
-    candidates += [shipped / name, shipped / f"{name}.yaml"]
-    for candidate in candidates:
+    for candidate in (Path(path_or_name), shipped / name, shipped / f"{name}.yaml"):
         if candidate.is_file():
             return candidate
     known = sorted(p.stem for p in shipped.glob("*.yaml"))
     raise ConfigError(f"--cfg={path_or_name}: no such preset file; give a YAML path or one of {known}")
+
+
+def env_defaults_preset(env_name: str) -> Path | None:
+    """The preset shipped under the env's own name (``configs/libero_spatial.yaml``): that env's defaults."""
+    path = shipped_presets() / f"{env_name}.yaml"
+    return path if path.is_file() else None
 
 
 def load_preset(path_or_name: str) -> dict[str, Any]:
@@ -265,13 +283,23 @@ def build_parser() -> argparse.ArgumentParser:
                     _type_name(FIELD_TYPES[f.name]), _type_name(FIELD_TYPES[f.name]).upper()
                 ),
                 help=f"{f.metadata['help']} (default: {default})"
-                + (f"; one of {', '.join(f.metadata['choices'])}" if f.metadata["choices"] else ""),
+                + (f"; one of {', '.join(f.metadata['choices'])}" if f.metadata["choices"] else "")
+                + ("; auto: chosen from the cores and memory at start" if f.metadata["auto"] else ""),
             )
     return parser
 
 
+def auto_options(cfg: Config) -> list[str]:
+    """The options still set to ``auto``."""
+    return [
+        name for name, auto in AUTO_OPTIONS.items() if auto and getattr(getattr(cfg, OPTION_GROUP[name]), name) == AUTO
+    ]
+
+
 def validate(cfg: Config) -> None:
-    """Reject inconsistent or impossible settings with a one-line message naming the fix."""
+    """Reject inconsistent or impossible settings with a one-line message naming the fix. Options still at
+    ``auto`` are checked once ``sfengine.sizing`` has chosen them."""
+    auto = set(auto_options(cfg))
     for group_name, group_cls in GROUPS.items():
         for f in dataclasses.fields(group_cls):
             value = getattr(getattr(cfg, group_name), f.name)
@@ -279,34 +307,36 @@ def validate(cfg: Config) -> None:
                 raise ConfigError(f"--{f.name}={value!r} is not one of {', '.join(f.metadata['choices'])}")
     s, lrn, run = cfg.sampler, cfg.learner, cfg.run
     for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_inference_workers", "rollout"):
-        if getattr(s, name) < 1:
+        if getattr(s, name) < 1 and name not in auto:
             raise ConfigError(f"--{name}={getattr(s, name)} must be at least 1")
+    if cfg.env.libero_sim_cache < 1 and "libero_sim_cache" not in auto:
+        raise ConfigError(f"--libero_sim_cache={cfg.env.libero_sim_cache} must be at least 1, or auto")
     for name in ("batch_size", "num_batches_per_epoch", "num_epochs", "learner_threads"):
         if getattr(lrn, name) < 1:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must be at least 1")
-    if s.num_envs_per_worker % s.worker_num_splits != 0:
+    if auto & {"num_workers", "num_envs_per_worker"}:
+        pass  # the checks on the worker layout wait until it is chosen
+    elif s.num_envs_per_worker % s.worker_num_splits != 0:
         raise ConfigError(
             f"--num_envs_per_worker={s.num_envs_per_worker} is not divisible by --worker_num_splits="
             f"{s.worker_num_splits}; use a multiple of it"
         )
-    if s.num_inference_workers > s.num_workers:
+    elif s.num_inference_workers > s.num_workers:
         raise ConfigError(
             f"--num_inference_workers={s.num_inference_workers} exceeds --num_workers={s.num_workers}; "
             "an inference worker serves at least one rollout worker"
+        )
+    elif not s.async_rl and cfg.samples_per_training_batch % (s.num_workers * s.num_envs_per_worker * s.rollout):
+        raise ConfigError(
+            f"--async_rl=False needs batch_size x num_batches_per_epoch ({cfg.samples_per_training_batch}) to be "
+            f"a multiple of num_workers x num_envs_per_worker x rollout "
+            f"({s.num_workers * s.num_envs_per_worker * s.rollout}), so each update uses every env equally"
         )
     if cfg.samples_per_training_batch % s.rollout != 0:
         raise ConfigError(
             f"--batch_size x --num_batches_per_epoch = {cfg.samples_per_training_batch} is not a multiple of "
             f"--rollout={s.rollout}; a training batch is made of whole trajectories"
         )
-    if not s.async_rl:
-        per_round = s.num_workers * s.num_envs_per_worker * s.rollout
-        if cfg.samples_per_training_batch % per_round != 0:
-            raise ConfigError(
-                f"--async_rl=False needs batch_size x num_batches_per_epoch ({cfg.samples_per_training_batch}) to be "
-                f"a multiple of num_workers x num_envs_per_worker x rollout ({per_round}), so each update uses every "
-                "env equally"
-            )
     if s.serial_mode and s.num_inference_workers != 1:
         raise ConfigError("--serial_mode runs one inference component; leave --num_inference_workers at 1")
     for name in ("learning_rate", "gamma", "ppo_clip_ratio"):
@@ -345,19 +375,29 @@ def parse_config(argv: list[str] | None = None) -> Config:
             raise
         raise ConfigError("invalid command line; see the message above and --help") from None
     cli = {k: v for k, v in vars(namespace).items() if k != "cfg"}
-    cfg = Config()
-    preset = load_preset(namespace.cfg) if namespace.cfg else {}
-    apply_overrides(cfg, preset, f"--cfg={namespace.cfg}")
-    apply_overrides(cfg, cli, "the command line")
+    # Layers from the lowest to the highest precedence; the defaults are below them all.
+    layers = [
+        (load_preset(namespace.cfg) if namespace.cfg else {}, f"--cfg={namespace.cfg}"),
+        (cli, "the command line"),
+    ]
+    cfg = _layered(layers)
     saved = cfg.experiment_dir / "config.json"
     if cfg.run.restart_behavior == "resume" and saved.is_file():
         # A resumed run keeps its saved settings; the preset and the command line still win.
-        resumed = Config()
-        apply_overrides(resumed, load_saved_config(saved), str(saved))
-        apply_overrides(resumed, preset, f"--cfg={namespace.cfg}")
-        apply_overrides(resumed, cli, "the command line")
-        cfg = resumed
+        layers.insert(0, (load_saved_config(saved), str(saved)))
+    else:
+        env_defaults = env_defaults_preset(cfg.env.env)
+        if env_defaults is not None:
+            layers.insert(0, (load_preset(str(env_defaults)), str(env_defaults)))
+    cfg = _layered(layers)
     validate(cfg)
+    return cfg
+
+
+def _layered(layers: list[tuple[dict[str, Any], str]]) -> Config:
+    cfg = Config()
+    for overrides, source in layers:
+        apply_overrides(cfg, overrides, source)
     return cfg
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 
 from sfengine.config import ConfigError, EnvConfig
+from sfengine.sizing import Sizer
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,23 @@ class EnvContext:
 EnvFactory = Callable[[EnvContext], gym.Env]
 
 _REGISTRY: dict[str, EnvFactory] = {}
+_SIZERS: dict[str, Sizer] = {}
 
 
-def register_env(name: str, factory: EnvFactory) -> None:
-    """Make ``--env=<name>`` build envs with ``factory(ctx: EnvContext) -> gymnasium.Env``."""
+def register_env(name: str, factory: EnvFactory, sizer: Sizer | None = None) -> None:
+    """Make ``--env=<name>`` build envs with ``factory(ctx: EnvContext) -> gymnasium.Env``. ``sizer`` (see
+    ``sfengine.sizing``) chooses the options set to ``auto`` for this env from what its envs cost."""
     if not callable(factory):
         raise TypeError(f"register_env({name!r}, ...): factory must be callable")
     _REGISTRY[name] = factory
+    if sizer is not None:
+        _SIZERS[name] = sizer
+
+
+def env_sizer(name: str) -> Sizer | None:
+    """The sizer registered with env ``name``, if any."""
+    _load_builtin_envs()
+    return _SIZERS.get(name)
 
 
 def make_gymnasium_env(ctx: EnvContext) -> gym.Env:

@@ -34,6 +34,9 @@ class WorkerReport(NamedTuple):
     busy_sec: float  # time in the worker's slots in total (bookkeeping included)
     wall_sec: float  # length of the reporting window
     env_failures: int = 0  # envs that raised and were rebuilt in this window
+    env_steps: int = 0  # env.step calls in this window
+    env_resets: int = 0  # env.reset calls in this window
+    env_reset_sec: float = 0.0  # the part of env_step_sec spent in env.reset
 
 
 class InferenceReport(NamedTuple):

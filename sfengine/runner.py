@@ -139,6 +139,7 @@ class Runner(Component):
         stats, summary = self.stats, self.stats.summary()
         fps = {w: stats.fps(w) for w in FPS_WINDOWS}
         requests_per_batch = stats.inference_requests_per_batch()
+        env_cost = stats.env_cost_ms()
         split = stats.time_split()
         learner = stats.take_learner_means()
         ret = summary["episode_return_mean"]
@@ -149,6 +150,10 @@ class Runner(Component):
             + (f"  success {summary['success_rate']:.2f}" if "success_rate" in summary else "")
             + f"  lag {learner.get('policy_lag_mean', float('nan')):.1f}"
             + (f"  env failures {stats.env_failures}" if stats.env_failures else "")
+            + "".join(
+                f"  env {name.removeprefix('env_').removesuffix('_ms')} {value:.1f} ms"
+                for name, value in env_cost.items()
+            )
             + "  time: "
             + " ".join(f"{name} {100 * value:.0f}%" for name, value in split.items())
         )
@@ -161,6 +166,8 @@ class Runner(Component):
         for name, value in split.items():
             self.writer.add_scalar(f"perf/time_{name}", value, step)
         self.writer.add_scalar("perf/inference_requests_per_batch", requests_per_batch, step)
+        for name, value in env_cost.items():
+            self.writer.add_scalar(f"perf/{name}", value, step)
         for name in ("episode_return_mean", "episode_len_mean", "success_rate", "env_failures"):
             if summary.get(name) is not None:
                 self.writer.add_scalar(f"episodes/{name}", summary[name], step)

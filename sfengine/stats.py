@@ -13,6 +13,29 @@ from sfengine.messages import InferenceReport, LearnerReport, WorkerReport
 FPS_WINDOWS = (10, 60, 300)
 
 
+class EnvCost:
+    """Time inside env.step and env.reset, summed over rollout workers."""
+
+    def __init__(self):
+        self.steps = self.resets = 0
+        self.step_sec = self.reset_sec = 0.0
+
+    def add(self, report: WorkerReport) -> None:
+        self.steps += report.env_steps
+        self.resets += report.env_resets
+        self.step_sec += report.env_step_sec - report.env_reset_sec
+        self.reset_sec += report.env_reset_sec
+
+    def means_ms(self) -> dict[str, float]:
+        """``env_step_ms`` and ``env_reset_ms``, for those that happened."""
+        means = {}
+        if self.steps:
+            means["env_step_ms"] = round(1000 * self.step_sec / self.steps, 3)
+        if self.resets:
+            means["env_reset_ms"] = round(1000 * self.reset_sec / self.resets, 3)
+        return means
+
+
 class RunStats:
     def __init__(self, stats_window: int, initial_env_steps: int, task_names: list[str] | None = None):
         self.started = time.time()
@@ -31,6 +54,7 @@ class RunStats:
         self.learner_stats: dict[str, list[float]] = {}
         self.lag_sum = self.lag_count = 0.0
         self.final_learner_report = False
+        self.env_cost_total = EnvCost()
         self.first_batch: tuple[float, int] | None = None  # (time, env steps) of the first training batch
         self.last_batch: tuple[float, int] | None = None
         self._reset_time_split()
@@ -41,6 +65,7 @@ class RunStats:
         self.inference_busy = self.inference_wall = 0.0
         self.inference_requests = self.inference_batches = 0
         self.learner_busy = self.batcher_busy = 0.0
+        self.env_cost = EnvCost()
 
     def add_worker_report(self, report: WorkerReport) -> None:
         for episode in report.episodes:
@@ -53,6 +78,8 @@ class RunStats:
                     per_task = self.task_successes.setdefault(episode.task, deque(maxlen=self.stats_window))
                     per_task.append(episode.success)
         self.env_failures += report.env_failures
+        for cost in (self.env_cost, self.env_cost_total):
+            cost.add(report)
         self.worker_env += report.env_step_sec
         self.worker_busy += report.busy_sec
         self.worker_wall += report.wall_sec
@@ -104,6 +131,11 @@ class RunStats:
         self._reset_time_split()
         return split
 
+    def env_cost_ms(self) -> dict[str, float]:
+        """Mean time of one env.step and one env.reset, in ms, since the last time split: what the simulator
+        costs, apart from the engine."""
+        return self.env_cost.means_ms()
+
     def inference_requests_per_batch(self) -> float:
         """How well inference batches: split requests served per forward pass since the last time split."""
         return self.inference_requests / self.inference_batches if self.inference_batches else 0.0
@@ -133,6 +165,7 @@ class RunStats:
             "episode_len_mean": float(np.mean(self.lengths)) if self.lengths else None,
             "policy_lag_mean": self.lag_sum / self.lag_count if self.lag_count else None,
             "policy_version": self.policy_version,
+            **self.env_cost_total.means_ms(),
         }
         if self.successes:
             summary["success_rate"] = float(np.mean(self.successes))

@@ -14,10 +14,11 @@ import time
 import torch
 
 from sfengine.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
-from sfengine.config import Config, ConfigError, parse_config, save_config
-from sfengine.env_registry import EnvContext, EnvFactory, resolve_env_factory
+from sfengine.config import Config, ConfigError, env_defaults_preset, parse_config, save_config
+from sfengine.env_registry import EnvContext, EnvFactory, env_sizer, resolve_env_factory
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo, task_info
+from sfengine.sizing import resolve_auto_options
 from sfengine.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space
 
 log = logging.getLogger("sfengine")
@@ -74,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_config(argv)
         factory = resolve_env_factory(cfg.env.env)
         obs_spec, action_spec, tasks = probe_env(cfg, factory)
+        env_defaults = env_defaults_preset(cfg.env.env)
+        resumed = cfg.run.restart_behavior == "resume" and (cfg.experiment_dir / "config.json").is_file()
+        if env_defaults is not None and not resumed:
+            print(f"defaults for --env={cfg.env.env} from {env_defaults}", flush=True)
+        sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks)
+        if sizing:
+            print(sizing, flush=True)
         if cfg.run.restart_behavior == "resume" and list_checkpoints(cfg.experiment_dir):
             print(f"resuming '{cfg.run.experiment}' from {list_checkpoints(cfg.experiment_dir)[-1]}", flush=True)
         resume_state = prepare_experiment_dir(cfg)

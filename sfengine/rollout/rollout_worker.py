@@ -122,7 +122,8 @@ class RolloutWorker(Component):
 
         self.finished_episodes: list[EpisodeStats] = []
         self.env_failures = 0
-        self.env_step_sec = self.busy_sec = 0.0
+        self.env_step_sec = self.busy_sec = self.reset_sec = 0.0
+        self.steps_taken = self.resets = 0
         self.window_start = time.perf_counter()
         self.report_timer = Timer(self.event_loop, 1.0)
         self.report_timer.timeout.connect(self._send_report)
@@ -201,6 +202,7 @@ class RolloutWorker(Component):
                 obs = obs_as_dict(obs)
             self._write_obs(obs, ids[i], t + 1)
         self.env_step_sec += time.perf_counter() - env_started
+        self.steps_taken += len(ids)
         self.traj["rewards"][ids, t] = rewards
         self.traj["terminated"][ids, t] = terminated
         self.traj["truncated"][ids, t] = truncated
@@ -214,6 +216,7 @@ class RolloutWorker(Component):
         split.truncated_envs.append(i)
 
     def _reset_env(self, split: SplitRunner, i: int, seed: int | None = None) -> dict:
+        started = time.perf_counter()
         options = None
         if self.schedule is not None:
             assignment = self.schedule.next()
@@ -226,6 +229,8 @@ class RolloutWorker(Component):
             self.env_failures += 1
             self._rebuild_env(split, i)
             obs, _ = split.envs[i].reset(options=options)
+        self.reset_sec += time.perf_counter() - started
+        self.resets += 1
         return obs_as_dict(obs)
 
     def _replace_failed_env(self, split: SplitRunner, i: int, buffer_id: int, t: int) -> dict:
@@ -329,11 +334,15 @@ class RolloutWorker(Component):
                 self.busy_sec,
                 now - self.window_start,
                 self.env_failures,
+                self.steps_taken,
+                self.resets,
+                self.reset_sec,
             )
         )
         self.finished_episodes = []
         self.env_failures = 0
-        self.env_step_sec = self.busy_sec = 0.0
+        self.env_step_sec = self.busy_sec = self.reset_sec = 0.0
+        self.steps_taken = self.resets = 0
         self.window_start = now
 
     def on_stop(self) -> None:

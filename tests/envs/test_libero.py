@@ -12,8 +12,10 @@ from helpers import read_summary, run_train
 
 pytest.importorskip("libero", reason="the libero extra is not installed: pip install -e '.[libero]'")
 
-from sfengine.config import EnvConfig  # noqa: E402
-from sfengine.env_registry import EnvContext, resolve_env_factory  # noqa: E402
+from sfengine.config import EnvConfig, parse_config  # noqa: E402
+from sfengine.env_registry import EnvContext, env_sizer, resolve_env_factory  # noqa: E402
+from sfengine.multitask import TaskInfo  # noqa: E402
+from sfengine.sizing import Machine, resolve_auto_options  # noqa: E402
 from sfengine_envs.libero_suite import SUITE_STEP_LIMITS  # noqa: E402
 
 SUITES = list(SUITE_STEP_LIMITS)
@@ -119,3 +121,65 @@ def test_a_reused_env_replays_an_init_state_exactly():
             np.testing.assert_allclose(again[key], first[key], atol=1e-6, err_msg=key)
     finally:
         env.close()
+
+
+def test_a_task_switch_reuses_a_kept_simulator_and_replays_the_same_episode():
+    env = make("libero_spatial", libero_sim_cache=2)
+    try:
+        first = env.reset(options={"task": 0, "init_state": 4})[0]
+        task0_sim = env.sim
+        env.reset(options={"task": 1, "init_state": 0})
+        again = env.reset(options={"task": 0, "init_state": 4})[0]
+        assert env.sim is task0_sim and env.sims_built == 2  # back on task 0 without a rebuild
+        for key in first:
+            np.testing.assert_allclose(again[key], first[key], atol=1e-6, err_msg=key)
+        # Full: a third task evicts the most recently used simulator (task 0's), and task 1's stays.
+        env.reset(options={"task": 2, "init_state": 0})
+        assert list(env.sims) == [1, 2] and env.sims_built == 3
+    finally:
+        env.close()
+
+
+def test_without_a_cache_every_task_switch_rebuilds_the_simulator():
+    env = make("libero_goal")
+    try:
+        for task in (0, 1, 0):
+            env.reset(options={"task": task, "init_state": 0})
+        assert env.sims_built == 3 and len(env.sims) == 1
+    finally:
+        env.close()
+
+
+def test_rgb_mode_gives_upright_uint8_images_of_the_asked_size():
+    env = make("libero_object", libero_obs_mode="rgb", libero_image_size=32)
+    try:
+        obs, _ = env.reset(options={"task": 0, "init_state": 0})
+        obs, *_ = env.step(np.zeros(7, dtype=np.float32))
+        assert env.observation_space.contains(obs)
+        for key in ("agentview", "wrist"):
+            assert obs[key].shape == (32, 32, 3) and obs[key].dtype == np.uint8 and obs[key].std() > 1
+        # MuJoCo renders upside down: both axes are flipped to make the images upright.
+        raw = env.sim.env._get_observations(force_update=True)
+        np.testing.assert_array_equal(env._obs(raw)["agentview"], raw["agentview_image"][::-1, ::-1])
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(
+    "machine, envs_per_worker, sim_cache",
+    [
+        (Machine(cores=2, available_gb=23.0), 2, 10),  # this machine: every env keeps all 10 simulators
+        (Machine(cores=2, available_gb=60.0), 4, 10),  # room for 2 envs per split
+        (Machine(cores=2, available_gb=6.0), 2, 2),  # short of memory: fewer simulators kept
+    ],
+)
+def test_libero_defaults_size_workers_and_simulator_caches_from_cores_and_memory(
+    tmp_path, machine, envs_per_worker, sim_cache
+):
+    cfg = parse_config(["--env=libero_spatial", f"--train_dir={tmp_path}"])
+    assert cfg.sampler.num_workers == 0 and cfg.env.libero_sim_cache == 0  # auto, from configs/libero_spatial.yaml
+    tasks = TaskInfo([f"t{i}" for i in range(10)], [50] * 10)
+    line = resolve_auto_options(cfg, env_sizer("libero_spatial"), tasks, machine)
+    assert cfg.sampler.num_workers == machine.cores
+    assert cfg.sampler.num_envs_per_worker == envs_per_worker and cfg.env.libero_sim_cache == sim_cache
+    assert line.startswith("auto: ") and f"{machine.available_gb:.1f} GB available" in line

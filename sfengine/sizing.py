@@ -1,0 +1,67 @@
+"""The worker layout chosen from the machine: options given as ``auto`` are resolved here, once, at start.
+
+An env may register a sizer with ``register_env(name, factory, sizer=...)``: it knows what its envs cost (the
+LIBERO suites size workers, envs and simulator caches by memory). Other envs get one rollout worker per core
+the run may use, with 8 envs each. The chosen values and the reason are printed, and config.json records them,
+so a resumed run keeps them.
+
+    cfg = parse_config(["--env=libero_spatial"])  # its preset says num_workers: auto, ...
+    print(resolve_auto_options(cfg, sizer, tasks))  # "auto: num_workers=2, ... (2 cores, ...)"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+from sfengine.config import AUTO, GROUPS, OPTION_GROUP, Config, auto_options, validate
+from sfengine.multitask import TaskInfo
+
+DEFAULT_ENVS_PER_WORKER = 8
+
+
+@dataclass(frozen=True)
+class Machine:
+    cores: int  # cores this process may run on
+    available_gb: float  # memory available to new processes
+
+    @classmethod
+    def here(cls) -> Machine:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return cls(cores, psutil.virtual_memory().available / 2**30)
+
+
+# Sets the options of cfg still at AUTO; returns the reason for the choice, in a few words.
+Sizer = Callable[[Config, Machine, TaskInfo | None], str]
+
+
+def size_by_cores(cfg: Config, machine: Machine, tasks: TaskInfo | None) -> str:
+    """For envs that declare no cost: one rollout worker per core, 8 envs each (split evenly)."""
+    s = cfg.sampler
+    if s.num_workers == AUTO:
+        s.num_workers = machine.cores
+    if s.num_envs_per_worker == AUTO:
+        s.num_envs_per_worker = max(DEFAULT_ENVS_PER_WORKER // s.worker_num_splits, 1) * s.worker_num_splits
+    return f"{machine.cores} cores; one rollout worker per core"
+
+
+def resolve_auto_options(
+    cfg: Config, sizer: Sizer | None, tasks: TaskInfo | None, machine: Machine | None = None
+) -> str | None:
+    """Choose every ``auto`` option of cfg in place, validate the result, and return a line saying what was
+    chosen and why (None when nothing was ``auto``)."""
+    chosen = auto_options(cfg)
+    if not chosen:
+        return None
+    reason = (sizer or size_by_cores)(cfg, machine or Machine.here(), tasks)
+    for name in auto_options(cfg):  # options the sizer has no opinion on keep their defaults
+        group = getattr(cfg, OPTION_GROUP[name])
+        default = next(f.default for f in dataclasses.fields(GROUPS[OPTION_GROUP[name]]) if f.name == name)
+        setattr(group, name, default)
+    validate(cfg)
+    values = ", ".join(f"{name}={getattr(getattr(cfg, OPTION_GROUP[name]), name)}" for name in chosen)
+    return f"auto: {values} ({reason})"
