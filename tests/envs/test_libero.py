@@ -5,10 +5,14 @@ Needs the ``libero`` extra (``pip install -e '.[libero]'``), which CI installs.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
-from helpers import read_summary, run_train
+from helpers import read_summary, run_train, train_command
 
 pytest.importorskip("libero", reason="the libero extra is not installed: pip install -e '.[libero]'")
 
@@ -80,6 +84,7 @@ def test_training_on_libero_spatial_runs_end_to_end(train_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "libero")
     assert summary["env_steps"] >= 2048 and summary["fps"] > 0
+    assert 5 < summary["env_step_ms"] < 500 and summary["env_reset_ms"] > summary["env_step_ms"]
     # 220-step episodes on 4 envs: several episodes finished, each on a task of the suite.
     assert summary["per_task_success"]
     assert all(name.startswith("pick_up_the_black_bowl") for name in summary["per_task_success"])
@@ -183,3 +188,65 @@ def test_libero_defaults_size_workers_and_simulator_caches_from_cores_and_memory
     assert cfg.sampler.num_workers == machine.cores
     assert cfg.sampler.num_envs_per_worker == envs_per_worker and cfg.env.libero_sim_cache == sim_cache
     assert line.startswith("auto: ") and f"{machine.available_gb:.1f} GB available" in line
+
+
+FLAKY_LIBERO_SCRIPT = textwrap.dedent(
+    """
+    import sys
+
+    import gymnasium as gym
+
+    from sfengine import register_env
+    from sfengine.train import main
+    from sfengine_envs.libero_suite import make_libero_env
+
+
+    blown_up = set()  # env indices whose env already raised (a rebuilt env starts its counts again)
+
+
+    class BlowsUpOnce(gym.Wrapper):
+        # Raises inside step, as an unstable simulation would, in the 30th step of each env's second episode.
+
+        def __init__(self, env, env_index):
+            super().__init__(env)
+            self.env_index = env_index
+            self.episodes = self.steps = 0
+
+        def reset(self, **kwargs):
+            self.episodes += 1
+            self.steps = 0
+            return self.env.reset(**kwargs)
+
+        def step(self, action):
+            self.steps += 1
+            if self.episodes == 2 and self.steps == 30 and self.env_index not in blown_up:
+                blown_up.add(self.env_index)
+                raise RuntimeError("MuJoCo: simulation unstable")
+            return self.env.step(action)
+
+
+    def make_flaky_libero(ctx):
+        return BlowsUpOnce(make_libero_env("libero_goal", ctx), ctx.env_index)
+
+
+    register_env("flaky_libero", make_flaky_libero)
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_libero_env_that_raises_mid_episode_is_rebuilt_and_the_run_finishes(tmp_path, train_dir):
+    script = tmp_path / "flaky_libero.py"
+    script.write_text(FLAKY_LIBERO_SCRIPT)
+    args = ["--env=flaky_libero", "--num_workers=1", "--num_envs_per_worker=2", "--max_episode_steps=40"]
+    args += ["--rollout=32", "--batch_size=256", "--num_batches_per_epoch=1", "--train_for_env_steps=768"]
+    command = [sys.executable, str(script), *train_command(train_dir, "flaky", *args)[3:]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(train_dir, "flaky")
+    assert summary["env_failures"] == 2  # one per env: both were rebuilt and went on
+    assert summary["env_steps"] >= 768 and summary["episodes"] >= 10
+    assert "step failed; rebuilding the env" in result.stderr
