@@ -25,7 +25,7 @@ class ConfigError(ValueError):
     """A user-caused configuration problem. The message is one line that names the fix."""
 
 
-AUTO = 0  # how an option given as "auto" is held until sfengine.sizing chooses its value
+AUTO = -(2**31)  # how an option given as "auto" is held until sfengine.sizing chooses it; no one types this value
 
 
 def option(default: Any, help: str, choices: tuple | None = None, auto: bool = False) -> Any:
@@ -42,6 +42,15 @@ class EnvConfig:
     env: str = option("CartPole-v1", "environment: a registered sfengine env or any gymnasium id")
     seed: int = option(0, "base random seed; each env gets its own seed derived from it")
     max_episode_steps: int = option(0, "truncate episodes after this many steps (0: the env's own limit)")
+    task_group_size: int = option(
+        1, "multi-task envs: each (task, init state) is handed out this many times in a row (RLOO/GRPO groups)"
+    )
+    task_sampling: str = option(
+        "round_robin",
+        "multi-task envs: tasks in turn, or drawn with probability (recent failures + 1); init states always cycle",
+        ("round_robin", "curriculum"),
+    )
+    curriculum_window: int = option(20, "curriculum: recent episodes of each task whose failures weigh its draw")
     libero_obs_mode: str = option("state", "LIBERO observations: state vectors, or rgb images", ("state", "rgb"))
     libero_image_size: int = option(128, "LIBERO camera image size in pixels (rgb mode)")
     libero_reward_coef: float = option(1.0, "LIBERO reward on success")
@@ -311,6 +320,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"--{name}={getattr(s, name)} must be at least 1")
     if cfg.env.libero_sim_cache < 1 and "libero_sim_cache" not in auto:
         raise ConfigError(f"--libero_sim_cache={cfg.env.libero_sim_cache} must be at least 1, or auto")
+    for name in ("task_group_size", "curriculum_window"):
+        if getattr(cfg.env, name) < 1:
+            raise ConfigError(f"--{name}={getattr(cfg.env, name)} must be at least 1")
     for name in ("batch_size", "num_batches_per_epoch", "num_epochs", "learner_threads"):
         if getattr(lrn, name) < 1:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must be at least 1")

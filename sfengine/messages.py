@@ -56,3 +56,7 @@ class LearnerReport(NamedTuple):
     batcher_sec: float
     stats: dict[str, float]
     final: bool = False  # the last report: the learner has saved its checkpoint and is stopping
+    rank_env_steps: tuple[int, ...] = ()  # multi-rank: env steps of each rank in this run
+    other_ranks_episodes: list[EpisodeStats] = []  # multi-rank, on rank 0: episodes the other ranks finished
+    ranks_in_sync: bool = True  # every rank held the same weights at the last exchange
+    stop_agreed: bool = False  # a rank asked to stop, and every rank stops now

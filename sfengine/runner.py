@@ -25,6 +25,7 @@ from tensorboardX import SummaryWriter
 
 from sfengine.buffers import SharedBuffers, SharedWeights
 from sfengine.config import Config
+from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory
 from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
 from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
@@ -32,12 +33,16 @@ from sfengine.learning.batcher import Batcher, buffers_released_signal
 from sfengine.learning.learner_worker import LearnerWorker
 from sfengine.messages import InferenceReport, LearnerReport, WorkerReport
 from sfengine.models.actor_critic import ActorCritic
+from sfengine.multitask import TaskInfo
+from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine.spaces import ActionSpec, ObsSpec
 from sfengine.stats import FPS_WINDOWS, RunStats
+from sfengine.task_sequence import SharedTaskSequence
 
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_SEC = 60.0
+AGREED_STOP_TIMEOUT_SEC = 120.0
 
 
 @dataclass
@@ -64,6 +69,8 @@ def connect_components(runner: Runner, c: Components, num_inference_workers: int
     c.batcher.training_batch_ready.connect(c.learner.on_training_batch)
     c.learner.batch_released.connect(c.batcher.on_batch_released)
     c.learner.report.connect(runner.on_learner_report)
+    runner.rank_episodes.connect(c.learner.on_rank_episodes)
+    runner.stop_requested.connect(c.learner.on_stop_requested)
     for component in (*c.workers, *c.inference_workers, c.learner):
         component.event_loop.start.connect(component.on_start)
         runner.stop.connect(component.on_stop)
@@ -80,12 +87,22 @@ class Runner(Component):
         self.exit_code = 0
         self.interrupts = 0
         self.writer: SummaryWriter | None = None
+        self.ranks = RankInfo.from_environment()
+        self.leads = self.ranks.rank == 0  # rank 0 prints, and writes TensorBoard and summary.json
+        self.stop_asked: tuple[str, float] | None = None  # multi-rank: (reason, when) of a stop not yet agreed
 
     @signal
     def stop(self): ...
 
+    @signal
+    def rank_episodes(self): ...
+
+    @signal
+    def stop_requested(self): ...
+
     def on_start(self) -> None:
-        self.writer = SummaryWriter(str(self.cfg.experiment_dir / "tensorboard"), flush_secs=10)
+        if self.leads:
+            self.writer = SummaryWriter(str(self.cfg.experiment_dir / "tensorboard"), flush_secs=10)
         self.stats.started = time.time()
         self.watch_timer = Timer(self.event_loop, 0.1)
         self.watch_timer.timeout.connect(self._watch)
@@ -94,14 +111,29 @@ class Runner(Component):
 
     def on_worker_report(self, report: WorkerReport) -> None:
         self.stats.add_worker_report(report)
+        if not self.leads and report.episodes:
+            self.rank_episodes.emit(report.episodes)  # for rank 0's statistics, through the learners
 
     def on_inference_report(self, report: InferenceReport) -> None:
         self.stats.add_inference_report(report)
 
     def on_learner_report(self, report: LearnerReport) -> None:
         self.stats.add_learner_report(report)
-        if self.stats.env_steps >= self.cfg.run.train_for_env_steps:
+        if report.stop_agreed:
+            self.request_stop(self.stop_asked[0] if self.stop_asked else "another rank stopped")
+        elif self.stats.env_steps >= self.cfg.run.train_for_env_steps:
             self.request_stop(f"reached {self.stats.env_steps} env steps")
+
+    def _stop_every_rank(self, reason: str) -> None:
+        """A stop this rank decided alone (the clock, a signal). Ranks must stop after the same training batch,
+        so in a multi-rank run it is agreed through the learners first, or taken alone if that takes too long."""
+        if self.ranks.world_size == 1:
+            self.request_stop(reason)
+        elif self.stop_asked is None:
+            self.stop_asked = (reason, time.time())
+            self.stop_requested.emit()
+        elif time.time() - self.stop_asked[1] > AGREED_STOP_TIMEOUT_SEC:
+            self.request_stop(f"{reason} (the other ranks did not agree within {AGREED_STOP_TIMEOUT_SEC:.0f} s)")
 
     def request_stop(self, reason: str, exit_code: int = 0) -> None:
         if self.stop_reason is not None:
@@ -116,9 +148,9 @@ class Runner(Component):
         run = self.cfg.run
         if self.stop_reason is None:
             if run.train_for_seconds and time.time() - self.stats.started >= run.train_for_seconds:
-                self.request_stop(f"trained for {run.train_for_seconds:g} s")
+                self._stop_every_rank(f"trained for {run.train_for_seconds:g} s")
             elif self.interrupts:
-                self.request_stop("interrupted by a signal")
+                self._stop_every_rank("interrupted by a signal")
             else:
                 dead = [p for p in self.processes if not p.is_alive()]
                 if dead:
@@ -136,6 +168,8 @@ class Runner(Component):
             self.event_loop.stop()
 
     def _status(self) -> None:
+        if not self.leads:
+            return
         stats, summary = self.stats, self.stats.summary()
         fps = {w: stats.fps(w) for w in FPS_WINDOWS}
         requests_per_batch = stats.inference_requests_per_batch()
@@ -151,7 +185,7 @@ class Runner(Component):
             + f"  lag {learner.get('policy_lag_mean', float('nan')):.1f}"
             + (f"  env failures {stats.env_failures}" if stats.env_failures else "")
             + "".join(
-                f"  env {name.removeprefix('env_').removesuffix('_ms')} {value:.1f} ms"
+                f"  env {name.removeprefix('env_').removesuffix('_ms')} {value:.3g} ms"
                 for name, value in env_cost.items()
             )
             + "  time: "
@@ -177,9 +211,11 @@ class Runner(Component):
             self.writer.add_scalar(f"tasks/{name}/success", value, step)
 
     def finish(self) -> dict:
-        """Write summary.json and close TensorBoard; called once the loop has exited."""
+        """Write summary.json (rank 0) and close TensorBoard; called once the loop has exited."""
         summary = self.stats.summary()
-        summary.update(stop_reason=self.stop_reason, exit_code=self.exit_code)
+        summary.update(stop_reason=self.stop_reason, exit_code=self.exit_code, world_size=self.ranks.world_size)
+        if not self.leads:
+            return summary
         path = self.cfg.experiment_dir / "summary.json"
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(summary, indent=2))
@@ -211,6 +247,7 @@ def build_components(
     action_spec: ActionSpec,
     resume_state: dict | None,
     mp_context,
+    task_sequence: SharedTaskSequence | None,
 ) -> Components:
     from sfengine.rollout.rollout_worker import RolloutWorker
 
@@ -225,7 +262,7 @@ def build_components(
         return process.event_loop
 
     workers = [
-        RolloutWorker(loop_for(f"rollout_worker_{w}"), w, cfg, buffers, env_factory, action_spec)
+        RolloutWorker(loop_for(f"rollout_worker_{w}"), w, cfg, buffers, env_factory, action_spec, task_sequence)
         for w in range(cfg.sampler.num_workers)
     ]
     inference_workers = [
@@ -235,7 +272,9 @@ def build_components(
     learner_loop = loop_for("learner")
     batcher_loop = runner_loop if serial else EngineEventLoop("batcher_evt_loop")
     batcher = Batcher(batcher_loop, buffers, cfg.trajectories_per_training_batch)
-    learner = LearnerWorker(learner_loop, cfg, buffers, weights, obs_spec, action_spec, batcher, resume_state)
+    learner = LearnerWorker(
+        learner_loop, cfg, buffers, weights, obs_spec, action_spec, batcher, resume_state, task_sequence
+    )
     return Components(workers, inference_workers, batcher, learner, processes)
 
 
@@ -246,7 +285,7 @@ def run(
     action_spec: ActionSpec,
     model: ActorCritic,
     resume_state: dict | None,
-    task_names: list[str] | None = None,
+    tasks: TaskInfo | None = None,
 ) -> int:
     """Train until a stop condition; return the process exit code."""
     mp_context = multiprocessing.get_context("spawn")
@@ -257,11 +296,13 @@ def run(
     weights = SharedWeights.allocate(model, mp_context)
     weights.publish(model, initial_version)
 
+    task_sequence = build_task_sequence(cfg, tasks, resume_state, mp_context) if tasks is not None else None
+
     runner_loop = EngineEventLoop("runner_evt_loop", serial_mode=cfg.sampler.serial_mode)
-    runner = Runner(runner_loop, cfg, initial_env_steps, task_names)
+    runner = Runner(runner_loop, cfg, initial_env_steps, tasks.task_names if tasks else None)
     runner_loop.start.connect(runner.on_start)
     components = build_components(
-        cfg, runner_loop, buffers, weights, env_factory, obs_spec, action_spec, resume_state, mp_context
+        cfg, runner_loop, buffers, weights, env_factory, obs_spec, action_spec, resume_state, mp_context, task_sequence
     )
     connect_components(runner, components, cfg.sampler.num_inference_workers)
     runner.processes = components.processes
@@ -281,8 +322,42 @@ def run(
         process.join(STOP_TIMEOUT_SEC)
     terminate_processes(components.processes)
     summary = runner.finish()
-    print(json.dumps(summary), flush=True)
+    if runner.leads:
+        print(json.dumps(summary), flush=True)
     return runner.exit_code
+
+
+def build_task_sequence(cfg: Config, tasks: TaskInfo, resume_state: dict | None, mp_context) -> SharedTaskSequence:
+    """This rank's one assignment sequence over its shard of (task, init state) pairs, resumed if saved."""
+    ranks = RankInfo.from_environment()
+    schedule = TaskSchedule(
+        shard_pairs(tasks.init_states_per_task, ranks.rank, ranks.world_size), cfg.env.task_group_size
+    )
+    sequence = SharedTaskSequence.allocate(
+        schedule,
+        mp_context,
+        curriculum=cfg.env.task_sampling == "curriculum",
+        window=cfg.env.curriculum_window,
+        seed=cfg.env.seed * 7919 + ranks.rank,
+    )
+    saved = resumed_task_sequence(resume_state, ranks)
+    if saved is not None:
+        sequence.load_state_dict(saved)
+    return sequence
+
+
+def resumed_task_sequence(resume_state: dict | None, ranks: RankInfo) -> dict | None:
+    """This rank's saved task sequence, if the checkpoint has one for the same number of ranks."""
+    saved = (resume_state or {}).get("task_sequence", {}).get("ranks", [])
+    if len(saved) == ranks.world_size:
+        return saved[ranks.rank]
+    if saved:
+        log.warning(
+            "the checkpoint's task sequences belong to %d ranks, this run has %d: the sequences start over",
+            len(saved),
+            ranks.world_size,
+        )
+    return None
 
 
 def install_signal_handlers(runner: Runner) -> dict:

@@ -9,7 +9,10 @@ cursor. One cycle hands out every pair of the shard exactly once (a task with fe
 out of the later rounds of the cycle), so after ``k`` cycles every pair was used exactly ``k`` times. With a
 group size ``G`` each pair is handed out ``G`` times in a row.
 
-The sequence is a function of one integer, the position, which makes it trivial to checkpoint and to share:
+With a failure-weighted curriculum (``sfengine.task_sequence``), the task is drawn with probability
+``curriculum_weights`` instead of in turn, and each task still keeps its circular init-state cursor.
+
+The round-robin sequence is a function of one integer, the position, which makes it trivial to checkpoint and to share:
 
     schedule = TaskSchedule(shard_pairs([10], rank=0, world_size=1))
     [schedule.at(p).init_state for p in range(4)]      # [0, 1, 2, 3]
@@ -45,7 +48,8 @@ class TaskSchedule:
     def __init__(self, shard: dict[int, list[int]], group_size: int = 1):
         if not shard or any(not states for states in shard.values()):
             raise ValueError("a schedule needs at least one task with at least one init state")
-        tasks = sorted(shard)
+        self.shard = shard
+        self.tasks = tasks = sorted(shard)
         rounds = max(len(shard[task]) for task in tasks)
         # One cycle: round r hands out init state r of every task that has one.
         self.cycle = [Assignment(task, shard[task][r]) for r in range(rounds) for task in tasks if r < len(shard[task])]
@@ -69,3 +73,9 @@ class TaskSchedule:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.position = int(state["position"])
+
+
+def curriculum_weights(recent_failures: list[int]) -> list[float]:
+    """Task weights of the failure-weighted curriculum: (failures in the task's recent window + 1). A task never
+    failed recently keeps weight 1, so it is still visited."""
+    return [failures + 1.0 for failures in recent_failures]

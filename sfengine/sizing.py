@@ -30,9 +30,11 @@ class Machine:
     available_gb: float  # memory available to new processes
 
     @classmethod
-    def here(cls) -> Machine:
+    def here(cls, ranks_on_machine: int = 1) -> Machine:
+        """This machine's share for one rank: ranks started together on a machine split it evenly."""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return cls(cores, psutil.virtual_memory().available / 2**30)
+        available_gb = psutil.virtual_memory().available / 2**30
+        return cls(max(cores // ranks_on_machine, 1), available_gb / ranks_on_machine)
 
 
 # Sets the options of cfg still at AUTO; returns the reason for the choice, in a few words.

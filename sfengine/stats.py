@@ -8,7 +8,7 @@ from collections import deque
 
 import numpy as np
 
-from sfengine.messages import InferenceReport, LearnerReport, WorkerReport
+from sfengine.messages import EpisodeStats, InferenceReport, LearnerReport, WorkerReport
 
 FPS_WINDOWS = (10, 60, 300)
 
@@ -55,6 +55,8 @@ class RunStats:
         self.lag_sum = self.lag_count = 0.0
         self.final_learner_report = False
         self.env_cost_total = EnvCost()
+        self.rank_env_steps: tuple[int, ...] = ()  # multi-rank: each rank's env steps in this run
+        self.ranks_in_sync = True  # every exchange found the same weights on every rank
         self.first_batch: tuple[float, int] | None = None  # (time, env steps) of the first training batch
         self.last_batch: tuple[float, int] | None = None
         self._reset_time_split()
@@ -68,7 +70,16 @@ class RunStats:
         self.env_cost = EnvCost()
 
     def add_worker_report(self, report: WorkerReport) -> None:
-        for episode in report.episodes:
+        self.add_episodes(report.episodes)
+        self.env_failures += report.env_failures
+        for cost in (self.env_cost, self.env_cost_total):
+            cost.add(report)
+        self.worker_env += report.env_step_sec
+        self.worker_busy += report.busy_sec
+        self.worker_wall += report.wall_sec
+
+    def add_episodes(self, episodes: list[EpisodeStats]) -> None:
+        for episode in episodes:
             self.episodes += 1
             self.returns.append(episode.episode_return)
             self.lengths.append(episode.length)
@@ -77,12 +88,6 @@ class RunStats:
                 if episode.task >= 0:
                     per_task = self.task_successes.setdefault(episode.task, deque(maxlen=self.stats_window))
                     per_task.append(episode.success)
-        self.env_failures += report.env_failures
-        for cost in (self.env_cost, self.env_cost_total):
-            cost.add(report)
-        self.worker_env += report.env_step_sec
-        self.worker_busy += report.busy_sec
-        self.worker_wall += report.wall_sec
 
     def add_inference_report(self, report: InferenceReport) -> None:
         self.inference_busy += report.busy_sec
@@ -91,6 +96,9 @@ class RunStats:
         self.inference_batches += report.batches
 
     def add_learner_report(self, report: LearnerReport) -> None:
+        self.add_episodes(report.other_ranks_episodes)
+        self.rank_env_steps = report.rank_env_steps or self.rank_env_steps
+        self.ranks_in_sync = self.ranks_in_sync and report.ranks_in_sync
         self.env_steps = report.env_steps
         self.policy_version = report.policy_version
         self.learner_busy += report.train_sec
@@ -167,6 +175,8 @@ class RunStats:
             "policy_version": self.policy_version,
             **self.env_cost_total.means_ms(),
         }
+        if len(self.rank_env_steps) > 1:
+            summary.update(rank_env_steps=list(self.rank_env_steps), ranks_in_sync=self.ranks_in_sync)
         if self.successes:
             summary["success_rate"] = float(np.mean(self.successes))
         if self.task_successes:

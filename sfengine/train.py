@@ -15,19 +15,23 @@ import torch
 
 from sfengine.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
 from sfengine.config import Config, ConfigError, env_defaults_preset, parse_config, save_config
+from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext, EnvFactory, env_sizer, resolve_env_factory
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo, task_info
-from sfengine.sizing import resolve_auto_options
+from sfengine.sizing import Machine, resolve_auto_options
 from sfengine.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space
 
 log = logging.getLogger("sfengine")
 
 
-def prepare_experiment_dir(cfg: Config) -> dict | None:
-    """Apply --restart_behavior; return the checkpoint to resume from (None: a fresh start)."""
+def prepare_experiment_dir(cfg: Config, ranks: RankInfo) -> dict | None:
+    """Apply --restart_behavior; return the checkpoint to resume from (None: a fresh start). Only rank 0 changes
+    the directory; the other ranks read the same checkpoint."""
     directory = cfg.experiment_dir
     behavior = cfg.run.restart_behavior
+    if ranks.rank != 0:
+        return load_latest_checkpoint(directory) if behavior == "resume" else None
     if directory.exists() and behavior == "overwrite":
         shutil.rmtree(directory)
     elif directory.exists() and behavior == "restart":
@@ -71,6 +75,7 @@ def build_model(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, resume_
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(process)d] %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("signal_slot").setLevel(logging.WARNING)
+    ranks = RankInfo.from_environment()
     try:
         cfg = parse_config(argv)
         factory = resolve_env_factory(cfg.env.env)
@@ -79,12 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         resumed = cfg.run.restart_behavior == "resume" and (cfg.experiment_dir / "config.json").is_file()
         if env_defaults is not None and not resumed:
             print(f"defaults for --env={cfg.env.env} from {env_defaults}", flush=True)
-        sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks)
+        sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks, Machine.here(ranks.local_world_size))
         if sizing:
             print(sizing, flush=True)
+        if tasks is not None and ranks.world_size > sum(tasks.init_states_per_task):
+            raise ConfigError(
+                f"{ranks.world_size} ranks but only {sum(tasks.init_states_per_task)} (task, init state) pairs in "
+                f"'{cfg.env.env}': every rank needs one; run fewer ranks"
+            )
         if cfg.run.restart_behavior == "resume" and list_checkpoints(cfg.experiment_dir):
             print(f"resuming '{cfg.run.experiment}' from {list_checkpoints(cfg.experiment_dir)[-1]}", flush=True)
-        resume_state = prepare_experiment_dir(cfg)
+        resume_state = prepare_experiment_dir(cfg, ranks)
         model = build_model(cfg, obs_spec, action_spec, resume_state)
     except (ConfigError, CheckpointError) as exc:
         print(f"sfengine.train: error: {exc}", file=sys.stderr)
@@ -97,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     from sfengine.runner import run
 
-    return run(cfg, factory, obs_spec, action_spec, model, resume_state, tasks.task_names if tasks else None)
+    return run(cfg, factory, obs_spec, action_spec, model, resume_state, tasks)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,11 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
+from collections import Counter
 from pathlib import Path
+
+from sfengine.scheduler import Assignment
 
 
 def train_command(train_dir: Path, experiment: str, *args: str) -> list[str]:
@@ -30,3 +34,55 @@ def run_train(train_dir: Path, experiment: str, *args: str, timeout: float = 600
 
 def read_summary(train_dir: Path, experiment: str) -> dict:
     return json.loads((train_dir / experiment / "summary.json").read_text())
+
+
+RECORDING_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import sys
+
+    import gymnasium as gym
+
+    from sfengine import register_env
+    from sfengine.train import main
+    from sfengine_envs.multitask_toy import make_multitask_toy
+
+    LOG_DIR = {log_dir!r}
+
+
+    class RecordsAssignments(gym.Wrapper):
+        # Appends every (task, init state) the env is reset to, one line each, to a file of its own.
+
+        def __init__(self, env, path):
+            super().__init__(env)
+            self.log = open(path, "a", buffering=1)
+
+        def reset(self, *, seed=None, options=None):
+            self.log.write(f"{{options['task']}} {{options['init_state']}}\\n")
+            return self.env.reset(seed=seed, options=options)
+
+
+    def make_recorded_toy(ctx):
+        rank = os.environ.get("RANK", "0")
+        path = os.path.join(LOG_DIR, f"rank{{rank}}_{{os.getpid()}}_{{ctx.worker_index}}_{{ctx.env_index}}.txt")
+        return RecordsAssignments(make_multitask_toy(ctx), path)
+
+
+    register_env("recorded_toy", make_recorded_toy)
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def write_recording_script(script: Path, log_dir: Path) -> None:
+    """A user script whose env ``recorded_toy`` (multitask_toy) logs every assignment it receives to log_dir."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    script.write_text(RECORDING_SCRIPT.format(log_dir=str(log_dir)))
+
+
+def received_assignments(log_dir: Path, pattern: str = "*.txt") -> Counter:
+    """How often each (task, init state) was received by the envs whose logs match ``pattern``."""
+    lines = [line.split() for path in log_dir.glob(pattern) for line in path.read_text().splitlines()]
+    return Counter(Assignment(int(task), int(init_state)) for task, init_state in lines)

@@ -3,8 +3,9 @@
     training_batch_ready(slot) --> PPOTrainer.train --> SharedWeights.publish(version + 1)
         --> batch_released(slot), policy_updated(version), report(LearnerReport)
 
-It also owns the checkpoints (every ``save_every_sec`` and at stop) and, in a multi-process run, starts the
-batcher's event loop in a thread of this process.
+It also owns the checkpoints (every ``save_every_sec`` and at stop; rank 0 only) and, in a multi-process run,
+starts the batcher's event loop in a thread of this process. In a multi-rank run, the learners exchange a
+``RankBatch`` before every training batch and all-reduce gradients (``sfengine.distributed``).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from signal_slot.signal_slot import Timer, signal
 from sfengine.buffers import SharedBuffers, SharedWeights, TrajectoryBuffers
 from sfengine.checkpoint import save_checkpoint
 from sfengine.config import Config
+from sfengine.distributed import LearnerGroup, RankBatch, RankInfo, parameter_checksum
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.learning.batcher import Batcher
 from sfengine.learning.ppo_trainer import PPOTrainer
-from sfengine.messages import LearnerReport
+from sfengine.messages import EpisodeStats, LearnerReport
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
+from sfengine.task_sequence import SharedTaskSequence
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +45,19 @@ class LearnerWorker(Component):
         action_spec: ActionSpec,
         batcher: Batcher,
         resume_state: dict | None,
+        task_sequence: SharedTaskSequence | None = None,
     ):
         super().__init__(event_loop, "learner")
         self.cfg, self.buffers, self.weights = cfg, buffers, weights
         self.obs_spec, self.action_spec = obs_spec, action_spec
         self.batcher = batcher
         self.resume_state = resume_state
+        self.task_sequence = task_sequence  # its position is saved, so a resumed run continues the sequence
         self.batcher_thread: threading.Thread | None = None
         self.stopped = False
+        self.stop_requested = False  # this rank's runner asked; the ranks agree at the next exchange
+        self.stop_agreed = False
+        self.pending_episodes: list[EpisodeStats] = []  # this rank's episodes, for rank 0's statistics
 
     @signal
     def batch_released(self): ...
@@ -64,8 +72,10 @@ class LearnerWorker(Component):
         cfg = self.cfg
         torch.set_num_threads(cfg.learner.learner_threads)
         self.device = torch.device(cfg.learner.device)
+        self.ranks = RankInfo.from_environment()
+        self.group = LearnerGroup(self.ranks, self.device)
         self.model = ActorCritic(self.obs_spec, self.action_spec, cfg.model).to(self.device)
-        self.trainer = PPOTrainer(self.model, cfg)
+        self.trainer = PPOTrainer(self.model, cfg, self.group)
         self.env_steps, self.version = 0, 0
         if self.resume_state is not None:
             self.model.load_state_dict(self.resume_state["model"])
@@ -73,6 +83,10 @@ class LearnerWorker(Component):
             self.env_steps = int(self.resume_state["env_steps"])
             self.version = int(self.resume_state["policy_version"])
             self.resume_state = None
+        self.group.broadcast_model(self.model)
+        self.weights.publish(self.model, self.version)
+        self.rank_env_steps = [0] * self.ranks.world_size  # this run's, per rank
+        self.rank_sequences: list[dict] = [{}] * self.ranks.world_size
         slots = [
             TrajectoryBuffers.allocate(
                 cfg.trajectories_per_training_batch, cfg.sampler.rollout, self.obs_spec, self.action_spec, shared=False
@@ -92,42 +106,94 @@ class LearnerWorker(Component):
             self.batcher_thread = threading.Thread(target=self.batcher.event_loop.exec, name="batcher", daemon=True)
             self.batcher_thread.start()
 
+    def on_rank_episodes(self, episodes: list[EpisodeStats]) -> None:
+        self.pending_episodes.extend(episodes)
+
+    def on_stop_requested(self) -> None:
+        self.stop_requested = True
+
     def on_training_batch(self, slot: int) -> None:
         if self.stopped:
             return
-        if self.env_steps >= self.cfg.run.train_for_env_steps:
+        if self.env_steps >= self.cfg.run.train_for_env_steps or self.stop_agreed:
             # Batches collected while the stop is on its way are not trained on: the limit is exact to a batch.
             self.batch_released.emit(slot)
             return
         started = time.perf_counter()
         batch = self.batch_slots[slot]
         samples = batch.rewards.shape[0] * (batch.rewards.shape[1] - 1)
+        ranks, in_sync = self._exchange(samples)
+        other_ranks_episodes = [episode for rank in ranks[1:] for episode in rank.episodes]
+        if any(rank.stop_requested for rank in ranks):
+            self.stop_agreed = True
+            self.batch_released.emit(slot)
+            self._report({}, other_ranks_episodes, in_sync, stop_agreed=True)
+            return
         stats: dict[str, float] = {}
         if not self.cfg.run.benchmark:
             on_device = batch.to(self.device) if self.device.type != "cpu" else batch
             stats = self.trainer.train(on_device, self.version, self.env_steps)
             self.version += 1
             self.weights.publish(self.model, self.version)
-        self.env_steps += samples
+        self.env_steps += sum(rank.samples for rank in ranks)
+        self.rank_env_steps = [steps + rank.samples for steps, rank in zip(self.rank_env_steps, ranks)]
         self.batch_released.emit(slot)
         self.policy_updated.emit(self.version)
         self.train_sec += time.perf_counter() - started
-        self._report(stats)
+        self._report(stats, other_ranks_episodes, in_sync)
 
-    def _report(self, stats: dict[str, float], final: bool = False) -> None:
+    def _exchange(self, samples: int) -> tuple[list[RankBatch], bool]:
+        """Tell the other ranks this rank's news; return theirs, and whether every rank holds the same weights."""
+        mine = RankBatch(
+            samples, self.stop_requested, self._task_sequence(), parameter_checksum(self.model), self.pending_episodes
+        )
+        ranks = self.group.exchange(mine)
+        self.pending_episodes = []
+        self.rank_sequences = [rank.task_sequence for rank in ranks]
+        return ranks, len({rank.parameter_checksum for rank in ranks}) == 1
+
+    def _task_sequence(self) -> dict:
+        return self.task_sequence.state_dict() if self.task_sequence is not None else {}
+
+    def _report(
+        self,
+        stats: dict[str, float],
+        other_ranks_episodes: list[EpisodeStats] | None = None,
+        in_sync: bool = True,
+        final: bool = False,
+        stop_agreed: bool = False,
+    ) -> None:
         batcher_sec, self.batcher.busy_sec = self.batcher.busy_sec, 0.0
-        self.report.emit(LearnerReport(self.env_steps, self.version, self.train_sec, batcher_sec, stats, final))
+        self.report.emit(
+            LearnerReport(
+                self.env_steps,
+                self.version,
+                self.train_sec,
+                batcher_sec,
+                stats,
+                final,
+                tuple(self.rank_env_steps),
+                other_ranks_episodes or [],
+                in_sync,
+                stop_agreed,
+            )
+        )
         self.train_sec = 0.0
 
     def checkpoint_state(self) -> dict:
+        others, rank = self.rank_sequences, self.ranks.rank
         return {
             "model": {name: t.detach().cpu() for name, t in self.model.state_dict().items()},
             "optimizer": self.trainer.optimizer.state_dict(),
             "env_steps": self.env_steps,
             "policy_version": self.version,
+            # Each rank's task sequence: this rank's as it is now, the others' as of the last exchange.
+            "task_sequence": {"ranks": [*others[:rank], self._task_sequence(), *others[rank + 1 :]]},
         }
 
     def save(self) -> None:
+        if self.ranks.rank != 0:
+            return  # every rank holds the same weights; rank 0 writes them
         path = save_checkpoint(self.cfg.experiment_dir, self.checkpoint_state(), self.cfg.run.keep_checkpoints)
         log.debug("saved %s", path)
 
@@ -135,9 +201,15 @@ class LearnerWorker(Component):
         if self.stopped:
             return
         self.stopped = True
+        in_sync = True
+        if self.group.distributed and (self.stop_agreed or self.env_steps >= self.cfg.run.train_for_env_steps):
+            # Every rank stops at the same point, so one last exchange is safe: it checks the final weights and
+            # brings the other ranks' task sequences up to date for the checkpoint.
+            _, in_sync = self._exchange(0)
         self.save()
         if self.batcher_thread is not None:
             self.batcher.event_loop.stop()
             self.batcher_thread.join(timeout=10)
-        self._report({}, final=True)
+        self._report({}, in_sync=in_sync, final=True)
+        self.group.close()
         stop_own_loop(self)

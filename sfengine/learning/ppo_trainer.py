@@ -14,12 +14,14 @@ from torch import Tensor
 from sfengine.algo import explained_variance, gae, normalize_advantages, ppo_loss, vtrace
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
+from sfengine.distributed import LearnerGroup, RankInfo
 from sfengine.models.actor_critic import ActorCritic
 
 
 class PPOTrainer:
-    def __init__(self, model: ActorCritic, cfg: Config):
+    def __init__(self, model: ActorCritic, cfg: Config, group: LearnerGroup | None = None):
         self.model, self.cfg = model, cfg
+        self.group = group or LearnerGroup(RankInfo(), torch.device("cpu"))  # the ranks, in a multi-rank run
         self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learner.learning_rate, eps=cfg.learner.adam_eps)
 
     def learning_rate(self, env_steps: int) -> float:
@@ -40,7 +42,7 @@ class PPOTrainer:
         if cfg.reward_clip > 0:
             rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
         episode_ends = (batch.terminated[:, steps], batch.truncated[:, steps], batch.truncation_values[:, steps])
-        self.model.update_normalizers({key: obs[:, steps] for key, obs in batch.obs.items()})
+        self.model.update_normalizers({key: obs[:, steps] for key, obs in batch.obs.items()}, self.group.sum)
 
         # Flat views of the T real steps: sample i = (trajectory i // T, step i % T).
         flat_obs = {key: obs[:, steps].reshape(num_traj * horizon, *obs.shape[2:]) for key, obs in batch.obs.items()}
@@ -79,6 +81,7 @@ class PPOTrainer:
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 losses.loss.backward()
+                self.group.average_gradients(self.model)
                 grad_norm = self._clip_gradients()
                 self.optimizer.step()
                 for name, value in losses._asdict().items():

@@ -14,6 +14,7 @@ Weights, and the running observation statistics (buffers), travel to inference w
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -37,14 +38,21 @@ class RunningMeanStd(nn.Module):
         self.clip = clip
 
     @torch.no_grad()
-    def update(self, x: Tensor) -> None:
+    def update(self, x: Tensor, sum_over_ranks: Callable[[Tensor], Tensor] | None = None) -> None:
+        """Merge the moments of the batch ``x`` [..., dim]. In a multi-rank run, ``sum_over_ranks`` sums the
+        batch's count, sum and sum of squares over the ranks, so every rank applies the same update."""
         x = x.reshape(-1, x.shape[-1]).double()
-        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        total = self.count.double() + n
+        sums = torch.cat([x.new_tensor([x.shape[0]]), x.sum(0), x.pow(2).sum(0)])
+        if sum_over_ranks is not None:
+            sums = sum_over_ranks(sums)
+        dim = x.shape[1]
+        n, batch_mean = sums[0], sums[1 : 1 + dim] / sums[0]
+        batch_var = (sums[1 + dim :] / n - batch_mean.pow(2)).clamp_min(0.0)
+        count = self.count.double()
+        total = count + n
         delta = batch_mean - self.mean.double()
-        new_mean = self.mean.double() + delta * n / total
-        m2 = self.var.double() * self.count.double() + batch_var * n + delta.pow(2) * self.count.double() * n / total
-        self.mean.copy_(new_mean)
+        m2 = self.var.double() * count + batch_var * n + delta.pow(2) * count * n / total
+        self.mean.copy_(self.mean.double() + delta * n / total)
         self.var.copy_(m2 / total)
         self.count.copy_(total)
 
@@ -131,9 +139,11 @@ class ActorCritic(nn.Module):
         nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
         nn.init.orthogonal_(self.value_head.weight, gain=1.0)
 
-    def update_normalizers(self, obs: dict[str, Tensor]) -> None:
+    def update_normalizers(
+        self, obs: dict[str, Tensor], sum_over_ranks: Callable[[Tensor], Tensor] | None = None
+    ) -> None:
         for key, normalizer in self.normalizers.items():
-            normalizer.update(obs[key])
+            normalizer.update(obs[key], sum_over_ranks)
 
     def forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """obs: dict of [N, ...] tensors -> (policy parameters [N, P], values [N])."""

@@ -24,12 +24,12 @@ from signal_slot.signal_slot import Timer, signal
 
 from sfengine.buffers import POLICY_FIELDS, SharedBuffers
 from sfengine.config import Config
+from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext, EnvFactory
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.messages import EpisodeStats, InferenceRequest, TrajectoriesReady, WorkerReport
-from sfengine.multitask import task_info
-from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine.spaces import ActionSpec, obs_as_dict
+from sfengine.task_sequence import SharedTaskSequence
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,12 @@ class RolloutWorker(Component):
         buffers: SharedBuffers,
         env_factory: EnvFactory,
         action_spec: ActionSpec,
+        task_sequence: SharedTaskSequence | None = None,
     ):
         super().__init__(event_loop, f"rollout_worker_{worker}")
         self.worker, self.cfg, self.buffers = worker, cfg, buffers
         self.env_factory, self.action_spec = env_factory, action_spec
+        self.task_sequence = task_sequence  # multi-task envs: where every reset's (task, init state) comes from
         self.splits: list[SplitRunner] = []
         self.free_ids: deque[int] = deque(buffers.worker_buffer_ids(worker))
         self.waiting_splits: deque[SplitRunner] = deque()  # at a rollout boundary, waiting for buffers or a policy
@@ -108,17 +110,13 @@ class RolloutWorker(Component):
             for i in range(envs_per_split):
                 env_index = split * envs_per_split + i
                 # Distinct across all envs of the run, and reproducible from --seed.
-                seed = cfg.env.seed * 1_000_003 + self.worker * cfg.sampler.num_envs_per_worker + env_index
+                global_worker = RankInfo.from_environment().rank * cfg.sampler.num_workers + self.worker
+                seed = cfg.env.seed * 1_000_003 + global_worker * cfg.sampler.num_envs_per_worker + env_index
                 contexts.append(
                     EnvContext(cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps, cfg.env)
                 )
             envs = [self.env_factory(ctx) for ctx in contexts]
             self.splits.append(SplitRunner(envs, contexts, self.worker * cfg.sampler.worker_num_splits + split))
-        info = task_info(self.splits[0].envs[0])
-        # One sequence per worker for now, started at a different place in each worker.
-        self.schedule = None if info is None else TaskSchedule(shard_pairs(info.init_states_per_task, 0, 1))
-        if self.schedule is not None:
-            self.schedule.position = self.worker * cfg.sampler.num_envs_per_worker
 
         self.finished_episodes: list[EpisodeStats] = []
         self.env_failures = 0
@@ -218,8 +216,8 @@ class RolloutWorker(Component):
     def _reset_env(self, split: SplitRunner, i: int, seed: int | None = None) -> dict:
         started = time.perf_counter()
         options = None
-        if self.schedule is not None:
-            assignment = self.schedule.next()
+        if self.task_sequence is not None:
+            assignment = self.task_sequence.next()
             split.tasks[i] = assignment.task
             options = {"task": assignment.task, "init_state": assignment.init_state}
         try:
@@ -257,6 +255,8 @@ class RolloutWorker(Component):
 
     def _end_episode(self, split: SplitRunner, i: int, last_reward: float, info: dict) -> None:
         success = info.get("success", info.get("is_success", math.nan))
+        if self.task_sequence is not None and not math.isnan(success):
+            self.task_sequence.record(int(split.tasks[i]), bool(success))
         self.finished_episodes.append(
             EpisodeStats(
                 float(split.episode_returns[i] + last_reward),

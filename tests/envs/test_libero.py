@@ -16,7 +16,7 @@ from helpers import read_summary, run_train, train_command
 
 pytest.importorskip("libero", reason="the libero extra is not installed: pip install -e '.[libero]'")
 
-from sfengine.config import EnvConfig, parse_config  # noqa: E402
+from sfengine.config import EnvConfig, auto_options, parse_config  # noqa: E402
 from sfengine.env_registry import EnvContext, env_sizer, resolve_env_factory  # noqa: E402
 from sfengine.multitask import TaskInfo  # noqa: E402
 from sfengine.sizing import Machine, resolve_auto_options  # noqa: E402
@@ -182,7 +182,11 @@ def test_libero_defaults_size_workers_and_simulator_caches_from_cores_and_memory
     tmp_path, machine, envs_per_worker, sim_cache
 ):
     cfg = parse_config(["--env=libero_spatial", f"--train_dir={tmp_path}"])
-    assert cfg.sampler.num_workers == 0 and cfg.env.libero_sim_cache == 0  # auto, from configs/libero_spatial.yaml
+    assert auto_options(cfg) == [
+        "libero_sim_cache",
+        "num_workers",
+        "num_envs_per_worker",
+    ]  # configs/libero_spatial.yaml
     tasks = TaskInfo([f"t{i}" for i in range(10)], [50] * 10)
     line = resolve_auto_options(cfg, env_sizer("libero_spatial"), tasks, machine)
     assert cfg.sampler.num_workers == machine.cores

@@ -1,0 +1,105 @@
+"""The rank's one assignment sequence, shared by every rollout worker and split of the rank.
+
+``round_robin`` (default): a ``TaskSchedule`` maps a position to a (task, init state); the position lives in
+shared memory and each one is handed out exactly once, under a lock, to whichever env resets next:
+
+    worker 0 split 1 env 0 resets -> position 17 -> (task 7, init state 1)
+    worker 1 split 0 env 1 resets -> position 18 -> (task 8, init state 1)
+
+So after ``k`` cycles of the schedule have been handed out on a rank, every pair of its shard was used exactly
+``k x G`` times, whatever the number of workers, envs and splits.
+
+``curriculum``: the task is drawn with probability proportional to (its failures among its last ``window``
+episodes + 1), and the init state comes from that task's circular cursor, so within each task every init state
+is still used once before any is reused. Rollout workers record each episode's outcome here.
+
+The state (position, cursors, recent outcomes) is saved in checkpoints, and a resumed run continues it. A draw
+costs one uncontended lock, once per episode.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sfengine.scheduler import Assignment, TaskSchedule, curriculum_weights
+
+NO_OUTCOME = -1  # an empty slot of the recent-outcomes window
+
+
+@dataclass
+class SharedTaskSequence:
+    schedule: TaskSchedule
+    position: Tensor  # int64 [1]: assignments handed out
+    lock: object
+    curriculum: bool = False
+    init_cursors: Tensor | None = None  # curriculum: int64 [tasks of the shard], draws of each task so far
+    outcomes: Tensor | None = None  # curriculum: int8 [tasks, window], 1 failure, 0 success, NO_OUTCOME empty
+    outcome_slots: Tensor | None = None  # curriculum: int64 [tasks], the next slot of each task's window
+    last: Tensor | None = None  # curriculum: int64 [2], the last assignment, repeated for a group of size G
+    seed: int = 0
+
+    @classmethod
+    def allocate(
+        cls, schedule: TaskSchedule, mp_context, curriculum: bool = False, window: int = 20, seed: int = 0
+    ) -> SharedTaskSequence:
+        num_tasks = len(schedule.tasks)
+        sequence = cls(schedule, torch.zeros(1, dtype=torch.int64).share_memory_(), mp_context.Lock(), curriculum)
+        if curriculum:
+            sequence.init_cursors = torch.zeros(num_tasks, dtype=torch.int64).share_memory_()
+            sequence.outcomes = torch.full((num_tasks, window), NO_OUTCOME, dtype=torch.int8).share_memory_()
+            sequence.outcome_slots = torch.zeros(num_tasks, dtype=torch.int64).share_memory_()
+            sequence.last = torch.zeros(2, dtype=torch.int64).share_memory_()
+            sequence.seed = seed
+        return sequence
+
+    def next(self) -> Assignment:
+        with self.lock:
+            position = int(self.position[0])
+            self.position[0] = position + 1
+            if not self.curriculum:
+                return self.schedule.at(position)
+            if position % self.schedule.group_size:
+                return Assignment(int(self.last[0]), int(self.last[1]))
+            recent_failures = (self.outcomes == 1).sum(dim=1).tolist()
+            # Seeded by the position: the same state draws the same task, in any process.
+            index = random.Random(self.seed * 1_000_003 + position).choices(
+                range(len(recent_failures)), weights=curriculum_weights(recent_failures)
+            )[0]
+            task = self.schedule.tasks[index]
+            states = self.schedule.shard[task]
+            assignment = Assignment(task, states[int(self.init_cursors[index]) % len(states)])
+            self.init_cursors[index] += 1
+            self.last[0], self.last[1] = assignment
+            return assignment
+
+    def record(self, task: int, success: bool) -> None:
+        """An episode of ``task`` ended: its outcome enters the task's window (curriculum only)."""
+        if not self.curriculum:
+            return
+        index = self.schedule.tasks.index(task)
+        with self.lock:
+            slot = int(self.outcome_slots[index])
+            self.outcomes[index, slot % self.outcomes.shape[1]] = 0 if success else 1
+            self.outcome_slots[index] = slot + 1
+
+    def state_dict(self) -> dict:
+        with self.lock:
+            state = {"position": int(self.position[0])}
+            if self.curriculum:
+                for name in ("init_cursors", "outcomes", "outcome_slots", "last"):
+                    state[name] = getattr(self, name).tolist()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved state; curriculum fields whose shape no longer fits start afresh."""
+        self.position[0] = int(state["position"])
+        if not self.curriculum:
+            return
+        for name in ("init_cursors", "outcomes", "outcome_slots", "last"):
+            saved = torch.tensor(state.get(name, []), dtype=getattr(self, name).dtype)
+            if saved.shape == getattr(self, name).shape:
+                getattr(self, name).copy_(saved)

@@ -1,0 +1,77 @@
+"""The shared task sequence: exact across processes, failure-weighted in curriculum mode, resumable."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sfengine.scheduler import Assignment, TaskSchedule, shard_pairs
+from sfengine.task_sequence import SharedTaskSequence
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def draw_many(sequence: SharedTaskSequence, count: int, results) -> None:
+    results.put([tuple(sequence.next()) for _ in range(count)])
+
+
+def test_processes_drawing_at_once_get_each_position_exactly_once():
+    schedule = TaskSchedule(shard_pairs([7, 3, 5], rank=0, world_size=1))
+    sequence = SharedTaskSequence.allocate(schedule, SPAWN)
+    results = SPAWN.Queue()
+    processes = [SPAWN.Process(target=draw_many, args=(sequence, 500, results)) for _ in range(3)]
+    for process in processes:
+        process.start()
+    drawn = Counter(Assignment(*a) for _ in processes for a in results.get(timeout=60))
+    for process in processes:
+        process.join(10)
+    assert drawn == Counter(schedule.at(p) for p in range(1500))
+    assert int(sequence.position[0]) == 1500
+
+
+def test_curriculum_draws_a_failing_task_more_often():
+    schedule = TaskSchedule(shard_pairs([5] * 4, rank=0, world_size=1))
+    sequence = SharedTaskSequence.allocate(schedule, SPAWN, curriculum=True, window=10)
+    for task in range(4):
+        for _ in range(10):
+            sequence.record(task, success=task != 2)  # task 2 fails all its last 10 episodes
+    drawn = Counter(sequence.next().task for _ in range(2000))
+    # Weights 11 : 1 : 1 : 1 -> task 2 gets about 11/14 of the draws.
+    assert 0.7 < drawn[2] / 2000 < 0.86
+    assert all(drawn[task] > 50 for task in (0, 1, 3))  # a task that succeeds is still visited
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 6), min_size=1, max_size=5),
+    group=st.integers(1, 3),
+    outcomes=st.lists(st.booleans(), min_size=0, max_size=60),
+)
+def test_curriculum_keeps_every_tasks_init_states_cycling_without_gaps(counts, group, outcomes):
+    schedule = TaskSchedule(shard_pairs(counts, rank=0, world_size=1), group)
+    sequence = SharedTaskSequence.allocate(schedule, SPAWN, curriculum=True, window=5)
+    per_task: dict[int, list[int]] = {}
+    for i in range(len(outcomes) + 30):
+        assignment = sequence.next()
+        per_task.setdefault(assignment.task, []).append(assignment.init_state)
+        if i < len(outcomes):
+            sequence.record(assignment.task, outcomes[i])
+    for task, states in per_task.items():
+        # Each init state G times in a row, then the next, wrapping around: 0,0,1,1,2,2,0,0,...
+        groups = [states[i : i + group] for i in range(0, len(states) - len(states) % group, group)]
+        assert all(len(set(g)) == 1 for g in groups)
+        assert [g[0] for g in groups] == [k % counts[task] for k in range(len(groups))]
+
+
+def test_curriculum_state_resumes_the_same_sequence():
+    schedule = TaskSchedule(shard_pairs([4, 4, 4], rank=0, world_size=1))
+    first = SharedTaskSequence.allocate(schedule, SPAWN, curriculum=True, window=4, seed=3)
+    for _ in range(7):
+        assignment = first.next()
+        first.record(assignment.task, assignment.task == 0)
+    second = SharedTaskSequence.allocate(schedule, SPAWN, curriculum=True, window=4, seed=3)
+    second.load_state_dict(first.state_dict())
+    assert [second.next() for _ in range(20)] == [first.next() for _ in range(20)]
