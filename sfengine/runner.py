@@ -247,7 +247,7 @@ def build_components(
     action_spec: ActionSpec,
     resume_state: dict | None,
     mp_context,
-    task_sequence: SharedTaskSequence | None,
+    task_sequence: SharedTaskSequence | None = None,
 ) -> Components:
     from sfengine.rollout.rollout_worker import RolloutWorker
 

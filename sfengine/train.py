@@ -73,9 +73,10 @@ def build_model(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, resume_
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(process)d] %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("signal_slot").setLevel(logging.WARNING)
     ranks = RankInfo.from_environment()
+    rank = f"[rank {ranks.rank}]" if ranks.world_size > 1 else ""
+    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][%(process)d]{rank} %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("signal_slot").setLevel(logging.WARNING)
     try:
         cfg = parse_config(argv)
         factory = resolve_env_factory(cfg.env.env)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections import Counter
 
+import psutil
 import torch
 
 from helpers import read_summary, received_assignments, train_command, write_recording_script
@@ -52,3 +54,49 @@ def test_two_ranks_train_in_lockstep_each_on_its_own_shard_of_tasks(tmp_path, tr
     checkpoint = load_latest_checkpoint(train_dir / "ranks")
     assert len(checkpoint["task_sequence"]["ranks"]) == 2  # one sequence per rank, both saved
     assert all(torch.isfinite(t).all() for t in checkpoint["model"].values())
+
+
+DYING_RANK_SCRIPT = """
+import os
+import sys
+
+import gymnasium as gym
+
+from sfengine import register_env
+from sfengine.train import main
+
+
+class DiesOnRankOne(gym.Wrapper):
+    # On rank 1, the rollout worker process dies outright after 300 steps of this env, as a segfault would.
+
+    steps = 0
+
+    def step(self, action):
+        DiesOnRankOne.steps += 1
+        if os.environ.get("RANK") == "1" and DiesOnRankOne.steps == 300:
+            os._exit(3)
+        return self.env.step(action)
+
+
+def make_mortal_cartpole(ctx):
+    return DiesOnRankOne(gym.make("CartPole-v1"))
+
+
+register_env("mortal_cartpole", make_mortal_cartpole)
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_rank_that_fails_takes_the_whole_job_down_with_a_clear_message(tmp_path, train_dir):
+    script = tmp_path / "mortal.py"
+    script.write_text(DYING_RANK_SCRIPT)
+    args = ["--env=mortal_cartpole", "--num_workers=1", "--num_envs_per_worker=2", "--worker_num_splits=2"]
+    args += ["--batch_size=256", "--num_batches_per_epoch=1", "--train_for_env_steps=100000000"]
+    started = time.time()
+    result = torchrun(script, train_dir, "dies", *args, timeout=400)
+    assert result.returncode != 0
+    assert time.time() - started < 300  # ended, not hung
+    assert "[rank 1]" in result.stderr and "a component process died: rollout_worker_0" in result.stderr
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]

@@ -55,6 +55,8 @@ def test_trajectories_flow_to_batcher_then_learner_and_back():
     assert receivers(c.batcher, "training_batch_ready") == {"learner"}
     assert receivers(c.learner, "batch_released") == {"batcher"}
     assert receivers(c.learner, "report") == {"runner"}
+    # Multi-rank: a rank's episodes and its stop requests reach the other ranks through its learner.
+    assert receivers(runner, "rank_episodes") == receivers(runner, "stop_requested") == {"learner"}
     stopped = {w.object_id for w in c.workers} | {i.object_id for i in c.inference_workers} | {"learner"}
     assert receivers(runner, "stop") == stopped
 

@@ -1,0 +1,344 @@
+"""How close sfengine comes to the raw speed of its envs, side by side in one invocation.
+
+    python -m benchmarks.throughput --env=CartPole-v1 --seconds=10 --warmup=5 --num_workers=2 --num_envs_per_worker=8
+    python -m benchmarks.throughput --env=libero_spatial --libero_obs_mode=state --seconds=60 --warmup=30 \\
+        --with_training --tag=state_2x4
+
+Options this script does not declare are ``python -m sfengine.train`` options, given to every row. The rows run
+one after the other, each measured over the same ``--seconds`` after ``--warmup`` seconds of stepping envs (the
+start-up before the first env step, envs built and reset, is not counted in either):
+
+    limit     num_workers spawned processes, each stepping its num_envs_per_worker envs one after the other in a
+              loop: no policy, no shared memory, no engine. The envs come from the engine's own factory, with the
+              engine's seeds, and a multi-task env is reset from the same per-worker TaskSchedule as in the
+              rollout worker, so a step and a reset cost what they cost in the engine. Actions are drawn with
+              action_space.sample() before the loop (a ring per env): rollout workers do not draw actions, so
+              the loop times the env alone.
+    sampling  python -m sfengine.train --benchmark=true: the whole engine with the PPO update skipped.
+    training  (with --with_training) the same run with the PPO update.
+
+Engine FPS comes from the status lines (every 2 s). The engine's start-up lasts until the first line with env
+steps (at most ``--startup`` seconds); the window runs from the first line ``--warmup`` seconds after it to the
+line ``--seconds`` later. Steps count when a training batch reaches the learner, so the resolution is one
+training batch: for slow envs, use a long --seconds or a small --batch_size. The key figure is sampling / limit.
+
+Memory is peak RSS, sampled every 0.5 s: of the largest env process (a limit worker, an engine ``sfe-rollout-*``
+process; per env = that / num_envs_per_worker) and summed over all processes of the row (the limit's workers, the
+engine's whole process tree). RSS counts shared pages (the trajectory buffers) in every process that touched
+them. CPU% is the mean over the measured window, 100 = one core. Writes
+``benchmarks/results/throughput_<env>_<tag>.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import queue
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from benchmarks.process_tree import run_and_measure
+from sfengine.config import OPTION_GROUP, Config, ConfigError, auto_options, parse_config
+from sfengine.env_registry import EnvContext, env_sizer, resolve_env_factory
+from sfengine.multitask import task_info
+from sfengine.scheduler import TaskSchedule, shard_pairs
+from sfengine.sizing import resolve_auto_options
+from sfengine.train import probe_env
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REPORT_EVERY_SEC = 2.0
+SAMPLE_EVERY_SEC = 0.5
+ACTION_RING = 1024  # pre-drawn random actions per env, cycled
+STATUS_LINE = re.compile(r"^\[\s*([\d.]+)s\] steps\s+([\d,]+)")
+ENGINE_ENV_PROCESS = "sfe-rollout-"  # the title sfengine.event_loop gives rollout worker processes
+
+
+class ProcessSampler:
+    """Samples RSS and CPU time of a set of processes every 0.5 s, in a thread, while a row runs.
+
+    ``processes()`` returns the processes to sample now (the set may change); ``is_env_process`` picks those whose
+    own peak is reported. Cumulative CPU keeps the last value of processes that exited, so it never decreases.
+    """
+
+    def __init__(self, processes: Callable[[], list[psutil.Process]], is_env_process: Callable[[psutil.Process], bool]):
+        self.processes, self.is_env_process = processes, is_env_process
+        self.peak_total_rss = 0
+        self.peak_rss_by_pid: dict[int, int] = {}
+        self.cpu_by_pid: dict[int, float] = {}
+        self.cpu_history: list[tuple[float, float]] = []  # (time.monotonic(), CPU seconds of all processes)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ProcessSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            total = 0
+            try:
+                processes = self.processes()
+            except psutil.Error:  # a process of the set exited while it was listed; try again next time
+                processes = []
+            for process in processes:
+                try:
+                    rss = process.memory_info().rss
+                    times = process.cpu_times()
+                    is_env = self.is_env_process(process)
+                except psutil.Error:
+                    continue
+                total += rss
+                self.cpu_by_pid[process.pid] = times.user + times.system
+                if is_env:
+                    self.peak_rss_by_pid[process.pid] = max(rss, self.peak_rss_by_pid.get(process.pid, 0))
+            self.peak_total_rss = max(self.peak_total_rss, total)
+            self.cpu_history.append((time.monotonic(), sum(self.cpu_by_pid.values())))
+            self.done.wait(SAMPLE_EVERY_SEC)
+
+    def cpu_percent(self, start: float, end: float) -> float | None:
+        """Mean CPU use between two time.monotonic() instants (100 = one core), interpolating between samples."""
+        if len(self.cpu_history) < 2 or end <= start:
+            return None
+        times, cpu_seconds = zip(*self.cpu_history, strict=True)
+        cpu_start, cpu_end = np.interp([start, end], times, cpu_seconds)
+        return round(100 * (cpu_end - cpu_start) / (end - start))
+
+    def figures(self) -> dict:
+        largest = max(self.peak_rss_by_pid.values(), default=0)
+        return {"peak_rss_mb": round(self.peak_total_rss / 2**20), "env_process_peak_rss_mb": round(largest / 2**20)}
+
+
+def step_envs_in_loop(cfg: Config, worker: int, warmup: float, seconds: float, barrier, results) -> None:
+    """One limit process: build and reset its envs as a rollout worker does, then step them round-robin."""
+    factory = resolve_env_factory(cfg.env.env)
+    per_worker = cfg.sampler.num_envs_per_worker
+    seeds = [cfg.env.seed * 1_000_003 + worker * per_worker + i for i in range(per_worker)]
+    envs = [
+        factory(EnvContext(cfg.env.env, worker, i, seed, cfg.env.max_episode_steps, cfg.env))
+        for i, seed in enumerate(seeds)
+    ]
+    info = task_info(envs[0])
+    schedule = None if info is None else TaskSchedule(shard_pairs(info.init_states_per_task, 0, 1))
+    if schedule is not None:
+        schedule.position = worker * per_worker
+
+    def reset(i: int, seed: int | None = None) -> None:
+        assignment = schedule.next() if schedule is not None else None
+        options = None if assignment is None else {"task": assignment.task, "init_state": assignment.init_state}
+        envs[i].reset(seed=seed, options=options)
+
+    for i, seed in enumerate(seeds):
+        reset(i, seed)
+        envs[i].action_space.seed(seed)
+    actions = [[env.action_space.sample() for _ in range(ACTION_RING)] for env in envs]
+    barrier.wait()  # every process starts its clock together, once all envs are built
+    measure_from = time.monotonic() + warmup
+    measure_to = measure_from + seconds
+    steps, round_index = 0, 0
+    while (now := time.monotonic()) < measure_to:
+        for i, env in enumerate(envs):
+            _, _, terminated, truncated, _ = env.step(actions[i][round_index % ACTION_RING])
+            if terminated or truncated:
+                reset(i)
+        round_index += 1
+        if now >= measure_from:
+            steps += per_worker
+    results.put((worker, steps, measure_from))
+    for env in envs:
+        env.close()
+
+
+def run_limit(cfg: Config, warmup: float, seconds: float) -> dict:
+    mp = multiprocessing.get_context("spawn")
+    num_workers = cfg.sampler.num_workers
+    barrier, results = mp.Barrier(num_workers), mp.Queue()
+    processes = [
+        mp.Process(target=step_envs_in_loop, args=(cfg, w, warmup, seconds, barrier, results), daemon=True)
+        for w in range(num_workers)
+    ]
+    for process in processes:
+        process.start()
+    handles = [psutil.Process(p.pid) for p in processes]
+    reports: dict[int, tuple[int, float]] = {}
+    deadline = time.monotonic() + warmup + seconds + 900  # env start-up (LIBERO) can take minutes
+    try:
+        with ProcessSampler(lambda: handles, lambda _: True) as sampler:
+            while len(reports) < num_workers:
+                try:
+                    worker, steps, measure_from = results.get(timeout=1.0)
+                    reports[worker] = (steps, measure_from)
+                except queue.Empty:
+                    failed = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+                    if failed or time.monotonic() > deadline:
+                        return {"error": f"limit workers failed (exit codes {failed})" if failed else "timed out"}
+    finally:
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+    start = min(measure_from for _, measure_from in reports.values())
+    return {
+        "fps": round(sum(steps for steps, _ in reports.values()) / seconds, 1),
+        "cpu_percent": sampler.cpu_percent(start, start + seconds),
+        **sampler.figures(),
+    }
+
+
+def status_window(stdout: str, warmup: float, seconds: float) -> tuple[float, float, int, float, int]:
+    """(start-up, t0, steps0, t1, steps1) from the status lines: the start-up lasts until the first line with env
+    steps; the window runs from the first line ``warmup`` seconds after it to the line ``seconds`` later."""
+    lines = [(float(m[1]), int(m[2].replace(",", ""))) for m in map(STATUS_LINE.match, stdout.splitlines()) if m]
+    startup = next((t for t, steps in lines if steps > lines[0][1]), math.inf)
+    after = [(t, steps) for t, steps in lines if t >= startup + warmup] or [(math.inf, 0)]
+    t0, steps0 = after[0]
+    t1, steps1 = [(t, steps) for t, steps in after if t <= t0 + seconds + REPORT_EVERY_SEC / 2][-1]
+    return startup, t0, steps0, t1, steps1
+
+
+def run_engine(
+    train_args: list[str],
+    benchmark: bool,
+    args: argparse.Namespace,
+    train_dir: Path,
+    launcher: tuple[str, ...] = (sys.executable, "-m", "sfengine.train"),
+    experiment: str | None = None,
+) -> dict:
+    """One engine row: ``launcher`` (the train entry point, or torchrun in front of it) with ``train_args``.
+    ``args`` holds the timing: seconds, warmup and startup."""
+    experiment = experiment or ("sampling" if benchmark else "training")
+    # The extra report intervals leave room for a status line a full --seconds after the first one.
+    run_seconds = args.startup + args.warmup + args.seconds + 2 * REPORT_EVERY_SEC
+    overrides = {
+        "benchmark": benchmark,
+        "train_for_seconds": run_seconds,
+        "train_for_env_steps": 10**12,
+        "train_dir": train_dir,
+        "experiment": experiment,
+        "restart_behavior": "overwrite",
+        "report_every_sec": REPORT_EVERY_SEC,
+    }
+    command = [*launcher, *train_args, *(f"--{k}={v}" for k, v in overrides.items())]
+    me = psutil.Process()
+
+    def engine_tree() -> list[psutil.Process]:
+        # The engine's process tree (the launcher's), not multiprocessing's resource tracker of this process.
+        roots = [p for p in me.children() if "resource_tracker" not in " ".join(p.cmdline())]
+        return [*roots, *(child for root in roots for child in root.children(recursive=True))]
+
+    try:
+        with ProcessSampler(engine_tree, lambda p: p.name().startswith(ENGINE_ENV_PROCESS)) as sampler:
+            run = run_and_measure(command, timeout=run_seconds + 600)
+            ended = time.monotonic()
+    except subprocess.TimeoutExpired:
+        for process in engine_tree():
+            process.kill()
+        return {"error": "timed out"}
+    if run.returncode != 0:
+        tail = (run.stderr.strip() or run.stdout.strip()).splitlines()[-1:] or [f"exit {run.returncode}"]
+        return {"error": tail[0][:200]}
+    startup, t0, steps0, t1, steps1 = status_window(run.stdout, args.warmup, args.seconds)
+    if not t1 - t0 >= args.seconds - REPORT_EVERY_SEC / 2:
+        return {"error": f"no full window after a start-up of {startup:g} s; raise --startup"}
+    # Status times count from the runner's start; summary.json's wall_seconds is taken just before the exit.
+    runner_started = ended - json.loads((train_dir / experiment / "summary.json").read_text())["wall_seconds"]
+    return {
+        "fps": round((steps1 - steps0) / (t1 - t0), 1),
+        "cpu_percent": sampler.cpu_percent(runner_started + t0, runner_started + t1),
+        **sampler.figures(),
+        "peak_rss_mb": round(run.peak_rss_mb),
+        "startup_seconds": startup,
+        "measured_seconds": round(t1 - t0, 1),
+        "last_status": [line for line in run.stdout.splitlines() if STATUS_LINE.match(line)][-1],
+    }
+
+
+def markdown_table(rows: dict[str, dict], num_envs_per_worker: int) -> str:
+    lines = [
+        "| row | FPS | ratio to limit | peak RSS MB: all / per env process / per env | CPU% |",
+        "|---|---|---|---|---|",
+    ]
+    limit_fps = rows["limit"].get("fps")
+    for name, row in rows.items():
+        if "error" in row:
+            lines.append(f"| {name} | {row['error']} | - | - | - |")
+            continue
+        ratio = f"{row['fps'] / limit_fps:.2f}" if limit_fps else "-"
+        per_process = row["env_process_peak_rss_mb"]
+        memory = f"{row['peak_rss_mb']} / {per_process} / {per_process / num_envs_per_worker:.0f}"
+        lines.append(f"| {name} | {row['fps']:,.0f} | {ratio} | {memory} | {row['cpu_percent']} |")
+    return "\n".join(lines)
+
+
+def default_tag(cfg: Config) -> str:
+    size = f"{cfg.sampler.num_workers}x{cfg.sampler.num_envs_per_worker}"
+    return f"{cfg.env.libero_obs_mode}_{size}" if cfg.env.env.startswith("libero") else size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="Any other option is a python -m sfengine.train option.",
+        allow_abbrev=False,  # an abbreviation could swallow an engine option
+    )
+    parser.add_argument("--seconds", type=float, default=30.0, help="measured wall time per row (a multiple of 2)")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds run before the measurement, per row")
+    parser.add_argument(
+        "--startup", type=float, default=30.0, help="seconds the engine may take to start stepping envs, per row"
+    )
+    parser.add_argument("--with_training", action="store_true", help="add a row that trains (no --benchmark)")
+    parser.add_argument("--tag", default=None, help="result file suffix (default: obs mode and workers x envs)")
+    args, train_args = parser.parse_known_args()
+    with tempfile.TemporaryDirectory(prefix="sfe_throughput_") as tmp:
+        train_dir = Path(tmp)
+        try:
+            cfg = parse_config([*train_args, f"--train_dir={train_dir}", "--restart_behavior=overwrite"])
+            chosen = auto_options(cfg)
+            _, _, tasks = probe_env(cfg, resolve_env_factory(cfg.env.env))
+            sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks)
+        except ConfigError as exc:
+            sys.exit(f"benchmarks.throughput: error: {exc}")
+        if sizing:
+            print(sizing, flush=True)
+        # Every row runs the layout chosen here, once.
+        train_args += [f"--{name}={getattr(getattr(cfg, OPTION_GROUP[name]), name)}" for name in chosen]
+        rows = {"limit": run_limit(cfg, args.warmup, args.seconds)}
+        print(f"limit: {json.dumps(rows['limit'])}", flush=True)
+        for name, benchmark in [("sampling", True), ("training", False)][: 2 if args.with_training else 1]:
+            rows[name] = run_engine(train_args, benchmark, args, train_dir)
+            print(f"{name}: {json.dumps(rows[name])}", flush=True)
+    table = markdown_table(rows, cfg.sampler.num_envs_per_worker)
+    report = {
+        "env": cfg.env.env,
+        "train_args": train_args,
+        "seconds": args.seconds,
+        "warmup": args.warmup,
+        "machine": {"cpus": os.cpu_count(), "platform": sys.platform},
+        "date": time.strftime("%Y-%m-%d"),
+        "rows": rows,
+    }
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"throughput_{cfg.env.env}_{args.tag or default_tag(cfg)}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
