@@ -16,6 +16,10 @@ start-up before the first env step, envs built and reset, is not counted in eith
               the loop times the env alone.
     sampling  python -m sfengine.train --benchmark=true: the whole engine with the PPO update skipped.
     training  (with --with_training) the same run with the PPO update.
+    sample_factory  (with --sf_python=<its venv's python>) Sample Factory 2.1.1, same layout and PPO sizes
+              (benchmarks/sample_factory_baseline.py; CartPole-v1 only).
+    diy       (with --with_diy) gymnasium's AsyncVectorEnv and a synchronous PPO loop of the same sizes
+              (benchmarks.diy_baseline): what a user writes without an engine.
 
 Engine FPS comes from the status lines (every 2 s). The engine's start-up lasts until the first line with env
 steps (at most ``--startup`` seconds); the window runs from the first line ``--warmup`` seconds after it to the
@@ -25,8 +29,9 @@ training batch: for slow envs, use a long --seconds or a small --batch_size. The
 Memory is peak RSS, sampled every 0.5 s: of the largest env process (a limit worker, an engine ``sfe-rollout-*``
 process; per env = that / num_envs_per_worker) and summed over all processes of the row (the limit's workers, the
 engine's whole process tree). RSS counts shared pages (the trajectory buffers) in every process that touched
-them. CPU% is the mean over the measured window, 100 = one core. Writes
-``benchmarks/results/throughput_<env>_<tag>.{json,md}``.
+them. CPU% is the mean over the measured window, 100 = one core. The engine rows also report the
+status line's time split at the window's end. Writes ``throughput_<env>_<tag>.{json,md,png}`` to ``--out``
+(``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +55,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from benchmarks.compare_sample_factory import run_sample_factory
 from benchmarks.process_tree import run_and_measure
 from sfengine.config import OPTION_GROUP, Config, ConfigError, auto_options, parse_config
 from sfengine.env_registry import EnvContext, env_sizer, resolve_env_factory
@@ -265,25 +272,79 @@ def run_engine(
         "peak_rss_mb": round(run.peak_rss_mb),
         "startup_seconds": startup,
         "measured_seconds": round(t1 - t0, 1),
-        "last_status": [line for line in run.stdout.splitlines() if STATUS_LINE.match(line)][-1],
+        "time_split": time_split_at(run.stdout, t1),
     }
+
+
+def time_split_at(stdout: str, at: float) -> str:
+    """Where the engine's time went, from the status line printed at ``at`` seconds (the window's end)."""
+    for line in stdout.splitlines():
+        match = STATUS_LINE.match(line)
+        if match and float(match[1]) == at and "time: " in line:
+            return line.split("time: ", 1)[1].strip()
+    return ""
+
+
+def run_diy(train_args: list[str], args: argparse.Namespace) -> dict:
+    """Row (e): gymnasium's AsyncVectorEnv and a synchronous PPO loop of the same sizes (benchmarks.diy_baseline)."""
+    command = [sys.executable, "-m", "benchmarks.diy_baseline", f"--seconds={args.seconds}", f"--warmup={args.warmup}"]
+    run = run_and_measure([*command, *train_args], timeout=args.startup + args.warmup + args.seconds + 300)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    if run.returncode != 0 or not lines:
+        return {"error": (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1][:200]}
+    return {
+        "fps": json.loads(lines[-1])["fps"],
+        "peak_rss_mb": round(run.peak_rss_mb),
+        "cpu_percent": round(run.cpu_percent),
+        "env_process_peak_rss_mb": 0,
+    }
+
+
+def run_sample_factory_row(sf_python: str, cfg: Config, args: argparse.Namespace, train_dir: Path) -> dict:
+    """Row (d): Sample Factory 2.1.1 (its own venv) with the same layout and PPO sizes, CartPole only."""
+    s = cfg.sampler
+    setting = {"mode": "async", "num_workers": s.num_workers, "num_envs_per_worker": s.num_envs_per_worker}
+    setting["worker_num_splits"] = s.worker_num_splits
+    row = run_sample_factory(sf_python, setting, args.seconds, train_dir)
+    return {**row, "env_process_peak_rss_mb": 0} if "fps" in row else row
 
 
 def markdown_table(rows: dict[str, dict], num_envs_per_worker: int) -> str:
     lines = [
-        "| row | FPS | ratio to limit | peak RSS MB: all / per env process / per env | CPU% |",
-        "|---|---|---|---|---|",
+        "| row | FPS | ratio to limit | ratio to Sample Factory | peak RSS MB: all / per env process / per env "
+        "| CPU% | engine time split |",
+        "|---|---|---|---|---|---|---|",
     ]
     limit_fps = rows["limit"].get("fps")
+    sf_fps = rows.get("sample_factory", {}).get("fps")
     for name, row in rows.items():
         if "error" in row:
-            lines.append(f"| {name} | {row['error']} | - | - | - |")
+            lines.append(f"| {name} | {row['error']} | - | - | - | - | - |")
             continue
         ratio = f"{row['fps'] / limit_fps:.2f}" if limit_fps else "-"
+        to_sf = f"{row['fps'] / sf_fps:.2f}" if sf_fps else "-"
         per_process = row["env_process_peak_rss_mb"]
-        memory = f"{row['peak_rss_mb']} / {per_process} / {per_process / num_envs_per_worker:.0f}"
-        lines.append(f"| {name} | {row['fps']:,.0f} | {ratio} | {memory} | {row['cpu_percent']} |")
+        memory = f"{row['peak_rss_mb']} / {per_process or '-'} / {per_process / num_envs_per_worker:.0f}"
+        split = row.get("time_split", "")
+        lines.append(f"| {name} | {row['fps']:,.0f} | {ratio} | {to_sf} | {memory} | {row['cpu_percent']} | {split} |")
     return "\n".join(lines)
+
+
+def plot(rows: dict[str, dict], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = {name: row["fps"] for name, row in rows.items() if "fps" in row}
+    figure, axes = plt.subplots(figsize=(7, 3.5))
+    bars = axes.bar(list(measured), list(measured.values()), color="#4c72b0")
+    axes.bar_label(bars, labels=[f"{fps:,.0f}" if fps >= 100 else f"{fps:.3g}" for fps in measured.values()])
+    axes.set_ylabel("env steps per second")
+    axes.set_title(textwrap.fill(title, 110), fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
 
 
 def default_tag(cfg: Config) -> str:
@@ -303,6 +364,9 @@ def main() -> None:
         "--startup", type=float, default=30.0, help="seconds the engine may take to start stepping envs, per row"
     )
     parser.add_argument("--with_training", action="store_true", help="add a row that trains (no --benchmark)")
+    parser.add_argument("--with_diy", action="store_true", help="add the AsyncVectorEnv + PPO loop baseline row")
+    parser.add_argument("--sf_python", default=None, help="add a Sample Factory 2.1.1 row: its venv's python")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory of the result files")
     parser.add_argument("--tag", default=None, help="result file suffix (default: obs mode and workers x envs)")
     args, train_args = parser.parse_known_args()
     with tempfile.TemporaryDirectory(prefix="sfe_throughput_") as tmp:
@@ -323,6 +387,12 @@ def main() -> None:
         for name, benchmark in [("sampling", True), ("training", False)][: 2 if args.with_training else 1]:
             rows[name] = run_engine(train_args, benchmark, args, train_dir)
             print(f"{name}: {json.dumps(rows[name])}", flush=True)
+        if args.sf_python:
+            rows["sample_factory"] = run_sample_factory_row(args.sf_python, cfg, args, train_dir / "sf")
+            print(f"sample_factory: {json.dumps(rows['sample_factory'])}", flush=True)
+        if args.with_diy:
+            rows["diy"] = run_diy(train_args, args)
+            print(f"diy: {json.dumps(rows['diy'])}", flush=True)
     table = markdown_table(rows, cfg.sampler.num_envs_per_worker)
     report = {
         "env": cfg.env.env,
@@ -334,9 +404,11 @@ def main() -> None:
         "rows": rows,
     }
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"throughput_{cfg.env.env}_{args.tag or default_tag(cfg)}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / f"{name}.md").write_text(table + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / f"{name}.md").write_text(table + "\n")
+    machine = f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GB"
+    plot(rows, f"{' '.join(train_args)}\n{machine}, {report['date']}", args.out / f"{name}.png")
     print(table)
 
 

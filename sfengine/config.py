@@ -51,6 +51,9 @@ class EnvConfig:
         ("round_robin", "curriculum"),
     )
     curriculum_window: int = option(20, "curriculum: recent episodes of each task whose failures weigh its draw")
+    synthetic_step_ms: float = option(2.0, "synthetic env: CPU time each step spins for, in milliseconds")
+    synthetic_obs: str = option("vector:64", "synthetic env observation: vector:D or image:HxWxC (uint8)")
+    synthetic_episode_steps: int = option(100, "synthetic env: steps per episode")
     libero_obs_mode: str = option("state", "LIBERO observations: state vectors, or rgb images", ("state", "rgb"))
     libero_image_size: int = option(128, "LIBERO camera image size in pixels (rgb mode)")
     libero_reward_coef: float = option(1.0, "LIBERO reward on success")

@@ -83,6 +83,7 @@ class LearnerWorker(Component):
             self.env_steps = int(self.resume_state["env_steps"])
             self.version = int(self.resume_state["policy_version"])
             self.resume_state = None
+        # Every rank builds the same initial model from --seed, but only rank 0's weights are the truth.
         self.group.broadcast_model(self.model)
         self.weights.publish(self.model, self.version)
         self.rank_env_steps = [0] * self.ranks.world_size  # this run's, per rank
@@ -144,9 +145,8 @@ class LearnerWorker(Component):
 
     def _exchange(self, samples: int) -> tuple[list[RankBatch], bool]:
         """Tell the other ranks this rank's news; return theirs, and whether every rank holds the same weights."""
-        mine = RankBatch(
-            samples, self.stop_requested, self._task_sequence(), parameter_checksum(self.model), self.pending_episodes
-        )
+        checksum = parameter_checksum(self.model) if self.group.distributed else 0.0
+        mine = RankBatch(samples, self.stop_requested, self._task_sequence(), checksum, self.pending_episodes)
         ranks = self.group.exchange(mine)
         self.pending_episodes = []
         self.rank_sequences = [rank.task_sequence for rank in ranks]

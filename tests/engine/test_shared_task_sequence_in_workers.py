@@ -50,3 +50,21 @@ def test_all_workers_and_splits_draw_from_one_exact_sequence_that_resumes(tmp_pa
     second = received_assignments(second_logs)
     assert second == handed_out(position, sum(second.values()), group_size)
     assert read_summary(train_dir, "seq")["env_steps"] >= 24_000
+
+
+def test_curriculum_through_the_workers_keeps_each_tasks_init_states_cycling(tmp_path, train_dir):
+    script, logs = tmp_path / "recorded.py", tmp_path / "logs"
+    write_recording_script(script, logs)
+    args = ["--env=recorded_toy", "--num_workers=2", "--num_envs_per_worker=4", "--task_sampling=curriculum"]
+    args += ["--batch_size=512", "--num_batches_per_epoch=1", "--train_for_env_steps=8000"]
+    command = [sys.executable, str(script), *train_command(train_dir, "curriculum", *args)[3:]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = received_assignments(logs)
+    for task in range(NUM_TASKS):
+        states = Counter({a.init_state: n for a, n in seen.items() if a.task == task})
+        draws = sum(states.values())
+        assert draws > 0
+        # The task's k draws went to init states 0, 1, ..., 4, 0, 1, ...: its first k positions, whatever order
+        # the envs reset in.
+        assert states == Counter(s % NUM_INIT_STATES for s in range(draws))
