@@ -192,6 +192,8 @@ class Runner(Component):
             + " ".join(f"{name} {100 * value:.0f}%" for name, value in split.items())
         )
         print(line, flush=True)
+        if stats.task_successes:
+            print(f"           success per task: {stats.per_task_success_line()}", flush=True)
         if self.writer is None:
             return
         step = stats.env_steps

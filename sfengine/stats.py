@@ -183,6 +183,15 @@ class RunStats:
             summary["per_task_success"] = self.per_task_success()
         return summary
 
+    def per_task_success_line(self) -> str:
+        """Every task's recent success rate by task index, for the status line: ``0:0.40 1:0.10 2:- ...``
+        (``-``: no episode of that task finished yet)."""
+        num_tasks = max(len(self.task_names), max(self.task_successes, default=-1) + 1)
+        return " ".join(
+            f"{task}:{np.mean(self.task_successes[task]):.2f}" if task in self.task_successes else f"{task}:-"
+            for task in range(num_tasks)
+        )
+
     def per_task_success(self) -> dict[str, float]:
         """Success rate of the last ``stats_window`` episodes of each visited task, keyed by task name."""
         names = self.task_names

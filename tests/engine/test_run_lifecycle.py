@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -240,3 +241,5 @@ def test_multi_task_env_gets_assignments_and_reports_success_per_task(train_dir)
     summary = read_summary(train_dir, "tasks")
     assert set(summary["per_task_success"]) == {f"toy_task_{t}" for t in range(4)}
     assert all(0.0 <= v <= 1.0 for v in summary["per_task_success"].values())
+    # The status line shows each task's success as it goes.
+    assert re.search(r"success per task: 0:[0-9.]+ 1:[0-9.]+ 2:[0-9.]+ 3:[0-9.]+", result.stdout)
