@@ -185,7 +185,7 @@ class Runner(Component):
             + f"  lag {learner.get('policy_lag_mean', float('nan')):.1f}"
             + (f"  env failures {stats.env_failures}" if stats.env_failures else "")
             + "".join(
-                f"  env {name.removeprefix('env_').removesuffix('_ms')} {value:.3g} ms"
+                f"  env {name.removeprefix('env_').removesuffix('_ms')} {value:{'.1f' if value >= 1 else '.3g'}} ms"
                 for name, value in env_cost.items()
             )
             + "  time: "
