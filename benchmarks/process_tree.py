@@ -6,6 +6,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -37,9 +38,11 @@ def tree_rss_and_cpu(root: psutil.Process) -> tuple[int, float]:
     return rss, cpu
 
 
-def run_and_measure(command: list[str], timeout: float, interval: float = 0.5, env: dict | None = None) -> TreeRun:
+def run_and_measure(
+    command: list[str], timeout: float, interval: float = 0.5, env: dict | None = None, cwd: Path | None = None
+) -> TreeRun:
     started = time.time()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     root = psutil.Process(process.pid)
     peak, last_cpu = 0, 0.0
     done = threading.Event()

@@ -16,6 +16,9 @@ start-up before the first env step, envs built and reset, is not counted in eith
               the loop times the env alone.
     sampling  python -m sfengine.train --benchmark=true: the whole engine with the PPO update skipped.
     training  (with --with_training) the same run with the PPO update.
+    <row>@<ref>  (with --baseline_ref=<git revision>) the sampling (and training) rows run from a checkout of
+              that revision, each just before its own row: the before/after figures of an engine change, taken
+              side by side on the same machine state.
     sample_factory  (with --sf_python=<its venv's python>) Sample Factory 2.1.1, same layout and PPO sizes
               (benchmarks/sample_factory_baseline.py; CartPole-v1 only).
     diy       (with --with_diy) gymnasium's AsyncVectorEnv and a synchronous PPO loop of the same sizes
@@ -37,6 +40,7 @@ status line's time split at the window's end. Writes ``throughput_<env>_<tag>.{j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing
@@ -226,9 +230,10 @@ def run_engine(
     train_dir: Path,
     launcher: tuple[str, ...] = (sys.executable, "-m", "sfengine.train"),
     experiment: str | None = None,
+    source: Path | None = None,
 ) -> dict:
     """One engine row: ``launcher`` (the train entry point, or torchrun in front of it) with ``train_args``.
-    ``args`` holds the timing: seconds, warmup and startup."""
+    ``args`` holds the timing: seconds, warmup and startup. ``source``: run the engine of another checkout."""
     experiment = experiment or ("sampling" if benchmark else "training")
     # The extra report intervals leave room for a status line a full --seconds after the first one.
     run_seconds = args.startup + args.warmup + args.seconds + 2 * REPORT_EVERY_SEC
@@ -251,7 +256,8 @@ def run_engine(
 
     try:
         with ProcessSampler(engine_tree, lambda p: p.name().startswith(ENGINE_ENV_PROCESS)) as sampler:
-            run = run_and_measure(command, timeout=run_seconds + 600)
+            env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
+            run = run_and_measure(command, timeout=run_seconds + 600, env=env, cwd=source)
             ended = time.monotonic()
     except subprocess.TimeoutExpired:
         for process in engine_tree():
@@ -283,6 +289,24 @@ def time_split_at(stdout: str, at: float) -> str:
         if match and float(match[1]) == at and "time: " in line:
             return line.split("time: ", 1)[1].strip()
     return ""
+
+
+@contextlib.contextmanager
+def checkout_of(revision: str):
+    """A temporary git worktree of ``revision`` of this repository (removed afterwards)."""
+    repository = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="sfe_baseline_") as tmp:
+        path = Path(tmp) / "checkout"
+        git = ["git", "-C", str(repository)]
+        added = subprocess.run(
+            [*git, "worktree", "add", "--detach", str(path), revision], capture_output=True, text=True
+        )
+        if added.returncode != 0:
+            sys.exit(f"benchmarks.throughput: error: --baseline_ref={revision}: {added.stderr.strip()}")
+        try:
+            yield path
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(path)], capture_output=True)
 
 
 def run_diy(train_args: list[str], args: argparse.Namespace) -> dict:
@@ -366,6 +390,9 @@ def main() -> None:
     parser.add_argument("--with_training", action="store_true", help="add a row that trains (no --benchmark)")
     parser.add_argument("--with_diy", action="store_true", help="add the AsyncVectorEnv + PPO loop baseline row")
     parser.add_argument("--sf_python", default=None, help="add a Sample Factory 2.1.1 row: its venv's python")
+    parser.add_argument(
+        "--baseline_ref", default=None, help="also run the engine rows from this git revision (before/after)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory of the result files")
     parser.add_argument("--tag", default=None, help="result file suffix (default: obs mode and workers x envs)")
     args, train_args = parser.parse_known_args()
@@ -384,9 +411,15 @@ def main() -> None:
         train_args += [f"--{name}={getattr(getattr(cfg, OPTION_GROUP[name]), name)}" for name in chosen]
         rows = {"limit": run_limit(cfg, args.warmup, args.seconds)}
         print(f"limit: {json.dumps(rows['limit'])}", flush=True)
-        for name, benchmark in [("sampling", True), ("training", False)][: 2 if args.with_training else 1]:
-            rows[name] = run_engine(train_args, benchmark, args, train_dir)
-            print(f"{name}: {json.dumps(rows[name])}", flush=True)
+        with contextlib.ExitStack() as stack:
+            baseline = None if args.baseline_ref is None else stack.enter_context(checkout_of(args.baseline_ref))
+            for name, benchmark in [("sampling", True), ("training", False)][: 2 if args.with_training else 1]:
+                if baseline is not None:
+                    before = f"{name}@{args.baseline_ref}"
+                    rows[before] = run_engine(train_args, benchmark, args, train_dir, source=baseline)
+                    print(f"{before}: {json.dumps(rows[before])}", flush=True)
+                rows[name] = run_engine(train_args, benchmark, args, train_dir)
+                print(f"{name}: {json.dumps(rows[name])}", flush=True)
         if args.sf_python:
             rows["sample_factory"] = run_sample_factory_row(args.sf_python, cfg, args, train_dir / "sf")
             print(f"sample_factory: {json.dumps(rows['sample_factory'])}", flush=True)

@@ -24,6 +24,7 @@ their owner after copying them into a training batch, so a buffer is never writt
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
 
 import torch
@@ -163,28 +164,45 @@ def buffers_per_worker(cfg: Config) -> int:
 class SharedWeights:
     """Policy weights in shared memory with a version counter. The learner publishes, inference workers pull.
 
-    ``version`` is read without the lock (a stale read only delays the pull); copies hold the lock, so nobody
-    loads half-written weights.
+    A sequence lock guards the copy, so no semaphore exists that a killed process could leak or leave held:
+
+        publish: sequence += 1 (odd: writing) -> copy weights -> version = v -> sequence += 1 (even: done)
+        pull:    s = sequence (wait while odd) -> copy weights -> retry unless sequence is still s
+
+    One writer (the learner); a pull that overlapped a publish sees the sequence move and copies again, so an
+    inference worker never acts with half-written weights. The order of plain stores and loads between
+    processes that this relies on is x86's (TSO); on weaker memory models every torch op the copy makes also
+    passes through the interpreter's lock, a full barrier. ``version`` alone is read without any of this by the
+    inference worker's per-batch check (a stale read only delays the pull).
     """
 
     tensors: dict[str, Tensor]
-    version: Tensor
-    lock: object
+    version: Tensor  # int64 [1]: the published policy version
+    sequence: Tensor  # int64 [1]: odd while the learner writes
 
     @classmethod
-    def allocate(cls, model: torch.nn.Module, mp_context) -> SharedWeights:
+    def allocate(cls, model: torch.nn.Module) -> SharedWeights:
         tensors = {name: t.detach().cpu().clone().share_memory_() for name, t in model.state_dict().items()}
-        return cls(tensors, shared_zeros((1,), torch.int64), mp_context.Lock())
+        return cls(tensors, shared_zeros((1,), torch.int64), shared_zeros((1,), torch.int64))
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        with self.lock, torch.no_grad():
+        with torch.no_grad():
+            self.sequence += 1
             for name, t in model.state_dict().items():
                 self.tensors[name].copy_(t)
             self.version[0] = version
+            self.sequence += 1
 
     def pull(self, model: torch.nn.Module) -> int:
-        with self.lock, torch.no_grad():
-            state = model.state_dict()
-            for name, t in self.tensors.items():
-                state[name].copy_(t)
-            return int(self.version[0])
+        state = model.state_dict()
+        with torch.no_grad():
+            while True:
+                before = int(self.sequence[0])
+                if before % 2:
+                    time.sleep(0.0001)  # the learner is writing; a copy takes well under a millisecond
+                    continue
+                for name, t in self.tensors.items():
+                    state[name].copy_(t)
+                version = int(self.version[0])
+                if int(self.sequence[0]) == before:
+                    return version

@@ -295,10 +295,10 @@ def run(
     initial_env_steps = int(resume_state["env_steps"]) if resume_state else 0
 
     buffers = SharedBuffers.allocate(cfg, obs_spec, action_spec)
-    weights = SharedWeights.allocate(model, mp_context)
+    weights = SharedWeights.allocate(model)
     weights.publish(model, initial_version)
 
-    task_sequence = build_task_sequence(cfg, tasks, resume_state, mp_context) if tasks is not None else None
+    task_sequence = build_task_sequence(cfg, tasks, resume_state) if tasks is not None else None
 
     runner_loop = EngineEventLoop("runner_evt_loop", serial_mode=cfg.sampler.serial_mode)
     runner = Runner(runner_loop, cfg, initial_env_steps, tasks.task_names if tasks else None)
@@ -329,7 +329,7 @@ def run(
     return runner.exit_code
 
 
-def build_task_sequence(cfg: Config, tasks: TaskInfo, resume_state: dict | None, mp_context) -> SharedTaskSequence:
+def build_task_sequence(cfg: Config, tasks: TaskInfo, resume_state: dict | None) -> SharedTaskSequence:
     """This rank's one assignment sequence over its shard of (task, init state) pairs, resumed if saved."""
     ranks = RankInfo.from_environment()
     schedule = TaskSchedule(
@@ -337,7 +337,6 @@ def build_task_sequence(cfg: Config, tasks: TaskInfo, resume_state: dict | None,
     )
     sequence = SharedTaskSequence.allocate(
         schedule,
-        mp_context,
         curriculum=cfg.env.task_sampling == "curriculum",
         window=cfg.env.curriculum_window,
         seed=cfg.env.seed * 7919 + ranks.rank,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sfengine.process_lock import ProcessLock
 from sfengine.scheduler import Assignment, TaskSchedule, curriculum_weights
 
 NO_OUTCOME = -1  # an empty slot of the recent-outcomes window
@@ -34,7 +35,7 @@ NO_OUTCOME = -1  # an empty slot of the recent-outcomes window
 class SharedTaskSequence:
     schedule: TaskSchedule
     position: Tensor  # int64 [1]: assignments handed out
-    lock: object
+    lock: ProcessLock  # leaves nothing in /dev/shm, and a holder that dies releases it
     curriculum: bool = False
     init_cursors: Tensor | None = None  # curriculum: int64 [tasks of the shard], draws of each task so far
     outcomes: Tensor | None = None  # curriculum: int8 [tasks, window], 1 failure, 0 success, NO_OUTCOME empty
@@ -44,10 +45,10 @@ class SharedTaskSequence:
 
     @classmethod
     def allocate(
-        cls, schedule: TaskSchedule, mp_context, curriculum: bool = False, window: int = 20, seed: int = 0
+        cls, schedule: TaskSchedule, curriculum: bool = False, window: int = 20, seed: int = 0
     ) -> SharedTaskSequence:
         num_tasks = len(schedule.tasks)
-        sequence = cls(schedule, torch.zeros(1, dtype=torch.int64).share_memory_(), mp_context.Lock(), curriculum)
+        sequence = cls(schedule, torch.zeros(1, dtype=torch.int64).share_memory_(), ProcessLock(), curriculum)
         if curriculum:
             sequence.init_cursors = torch.zeros(num_tasks, dtype=torch.int64).share_memory_()
             sequence.outcomes = torch.full((num_tasks, window), NO_OUTCOME, dtype=torch.int8).share_memory_()

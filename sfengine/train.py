@@ -72,6 +72,19 @@ def build_model(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, resume_
     return model
 
 
+def inference_dtype_warning(cfg: Config, obs_spec: ObsSpec) -> str | None:
+    """Why --inference_dtype=bfloat16 would not help here, if it would not."""
+    if cfg.sampler.inference_dtype != "bfloat16":
+        return None
+    if not any(obs_spec.is_image(key) for key in obs_spec.shapes):
+        return (
+            "--inference_dtype=bfloat16 changes nothing here: only CNN encoders use it, and no observation is an image"
+        )
+    if cfg.learner.device == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "--inference_dtype=bfloat16: this CPU has no native bfloat16, so inference gets slower; use float32"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ranks = RankInfo.from_environment()
     rank = f"[rank {ranks.rank}]" if ranks.world_size > 1 else ""
@@ -88,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks, Machine.here(ranks.local_world_size))
         if sizing:
             print(sizing, flush=True)
+        if warning := inference_dtype_warning(cfg, obs_spec):
+            print(f"warning: {warning}", flush=True)
         if tasks is not None and ranks.world_size > sum(tasks.init_states_per_task):
             raise ConfigError(
                 f"{ranks.world_size} ranks but only {sum(tasks.init_states_per_task)} (task, init state) pairs in "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -86,3 +87,20 @@ def received_assignments(log_dir: Path, pattern: str = "*.txt") -> Counter:
     """How often each (task, init state) was received by the envs whose logs match ``pattern``."""
     lines = [line.split() for path in log_dir.glob(pattern) for line in path.read_text().splitlines()]
     return Counter(Assignment(int(task), int(init_state)) for task, init_state in lines)
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def leaked_shm(before: set[str]) -> set[str]:
+    """Entries created since ``before`` that still exist and that no live process maps: a run's leftovers.
+    (Entries still mapped belong to some other live process, such as a concurrent run.)"""
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                mapped.update(line.split()[-1] for line in f if "/dev/shm/" in line)
+        except OSError:
+            pass
+    return {e for e in shm_entries() - before if f"/dev/shm/{e}" not in mapped}

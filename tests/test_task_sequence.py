@@ -20,7 +20,7 @@ def draw_many(sequence: SharedTaskSequence, count: int, results) -> None:
 
 def test_processes_drawing_at_once_get_each_position_exactly_once():
     schedule = TaskSchedule(shard_pairs([7, 3, 5], rank=0, world_size=1))
-    sequence = SharedTaskSequence.allocate(schedule, SPAWN)
+    sequence = SharedTaskSequence.allocate(schedule)
     results = SPAWN.Queue()
     processes = [SPAWN.Process(target=draw_many, args=(sequence, 500, results)) for _ in range(3)]
     for process in processes:
@@ -34,7 +34,7 @@ def test_processes_drawing_at_once_get_each_position_exactly_once():
 
 def test_curriculum_draws_a_failing_task_more_often():
     schedule = TaskSchedule(shard_pairs([5] * 4, rank=0, world_size=1))
-    sequence = SharedTaskSequence.allocate(schedule, SPAWN, curriculum=True, window=10)
+    sequence = SharedTaskSequence.allocate(schedule, curriculum=True, window=10)
     for task in range(4):
         for _ in range(10):
             sequence.record(task, success=task != 2)  # task 2 fails all its last 10 episodes
@@ -52,7 +52,7 @@ def test_curriculum_draws_a_failing_task_more_often():
 )
 def test_curriculum_keeps_every_tasks_init_states_cycling_without_gaps(counts, group, outcomes):
     schedule = TaskSchedule(shard_pairs(counts, rank=0, world_size=1), group)
-    sequence = SharedTaskSequence.allocate(schedule, SPAWN, curriculum=True, window=5)
+    sequence = SharedTaskSequence.allocate(schedule, curriculum=True, window=5)
     per_task: dict[int, list[int]] = {}
     for i in range(len(outcomes) + 30):
         assignment = sequence.next()
@@ -68,10 +68,10 @@ def test_curriculum_keeps_every_tasks_init_states_cycling_without_gaps(counts, g
 
 def test_curriculum_state_resumes_the_same_sequence():
     schedule = TaskSchedule(shard_pairs([4, 4, 4], rank=0, world_size=1))
-    first = SharedTaskSequence.allocate(schedule, SPAWN, curriculum=True, window=4, seed=3)
+    first = SharedTaskSequence.allocate(schedule, curriculum=True, window=4, seed=3)
     for _ in range(7):
         assignment = first.next()
         first.record(assignment.task, assignment.task == 0)
-    second = SharedTaskSequence.allocate(schedule, SPAWN, curriculum=True, window=4, seed=3)
+    second = SharedTaskSequence.allocate(schedule, curriculum=True, window=4, seed=3)
     second.load_state_dict(first.state_dict())
     assert [second.next() for _ in range(20)] == [first.next() for _ in range(20)]

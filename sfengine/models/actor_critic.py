@@ -90,8 +90,10 @@ class CNNEncoder(nn.Module):
         self.out_dim = out_dim
 
     def forward(self, image: Tensor) -> Tensor:
-        x = image.permute(0, 3, 1, 2).float() / 255.0
-        return self.out(self.convs(x))
+        # The permuted view of an N x H x W x C batch is already channels-last in memory, the layout oneDNN's
+        # CPU convolutions prefer; the encoder computes in its weights' dtype (see ``ActorCritic.for_inference``).
+        x = image.permute(0, 3, 1, 2).to(self.out[0].weight.dtype) / 255.0
+        return self.out(self.convs(x)).float()
 
 
 class PolicyOutput(NamedTuple):
@@ -139,6 +141,18 @@ class ActorCritic(nn.Module):
         nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
         nn.init.orthogonal_(self.value_head.weight, gain=1.0)
 
+    def for_inference(self, dtype: torch.dtype) -> ActorCritic:
+        """Make this copy an inference copy whose CNN encoders compute in ``dtype`` (bfloat16 halves their CPU
+        cost on CPUs with native bf16). Everything else stays float32: the normalisers and the small MLPs and
+        heads, so vector inputs keep their precision and actions are drawn from float32 logits. The log-probs
+        written for the learner are those of this copy, the policy that acted, so PPO's ratio and V-trace stay
+        exact; the copy differs from the learner's float32 policy by bf16 rounding, like a tiny policy lag.
+        ``load_state_dict`` and ``copy_`` of float32 weights into it cast them."""
+        for encoder in self.encoders.values():
+            if isinstance(encoder, CNNEncoder):
+                encoder.to(dtype=dtype, memory_format=torch.channels_last)
+        return self
+
     def update_normalizers(
         self, obs: dict[str, Tensor], sum_over_ranks: Callable[[Tensor], Tensor] | None = None
     ) -> None:
@@ -164,10 +178,14 @@ class ActorCritic(nn.Module):
 
     def sample(self, params: Tensor) -> tuple[Tensor, Tensor]:
         """Draw actions and their log-probs. Written with plain ops: torch.distributions validation
-        costs more than the whole forward pass at inference batch sizes."""
+        costs more than the whole forward pass at inference batch sizes.
+
+        Discrete actions use the Gumbel-max draw: argmax(log p + G) with G = -log(E), E ~ Exp(1), is a draw from
+        Categorical(p). It takes 14 us against 33 us for ``torch.multinomial`` at a batch of 8 (one CPU thread),
+        the largest single cost of the inference worker on a cheap env."""
         if self.action_spec.discrete:
             log_p = torch.log_softmax(params, dim=-1)
-            actions = torch.multinomial(log_p.exp(), 1).squeeze(-1)
+            actions = (log_p - torch.empty_like(log_p).exponential_().log()).argmax(-1)
             return actions, log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         mean, log_std = self._mean_log_std(params)
         noise = torch.randn_like(mean)

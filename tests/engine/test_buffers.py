@@ -70,7 +70,7 @@ def _read_weights_in_child(weights: SharedWeights, queue) -> None:
 def test_published_weights_and_version_reach_a_spawned_process():
     ctx = multiprocessing.get_context("spawn")
     model = ActorCritic(OBS, DISCRETE, Config().model)
-    weights = SharedWeights.allocate(model, ctx)
+    weights = SharedWeights.allocate(model)
     with torch.no_grad():
         model.value_head.bias.fill_(3.5)
     weights.publish(model, version=7)
@@ -83,3 +83,34 @@ def test_published_weights_and_version_reach_a_spawned_process():
     other = ActorCritic(OBS, DISCRETE, Config().model)
     assert weights.pull(other) == 7
     assert float(other.value_head.bias.detach()[0]) == 3.5
+
+
+def _publish_alternating(weights: SharedWeights, model: ActorCritic, times: int) -> None:
+    for version in range(1, times + 1):
+        with torch.no_grad():
+            for t in model.state_dict().values():
+                t.fill_(version)
+        weights.publish(model, version)
+
+
+def test_a_pull_during_publishes_never_mixes_two_versions():
+    # Every publish fills every tensor with its version number: a pull that copied half of one publish and half
+    # of the next would hold two different values, or a version that does not match them.
+    ctx = multiprocessing.get_context("spawn")
+    model = ActorCritic(OBS, DISCRETE, Config().model)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            t.zero_()  # version 0
+    weights = SharedWeights.allocate(model)
+    publisher = ctx.Process(target=_publish_alternating, args=(weights, model, 3000))
+    publisher.start()
+    reader = ActorCritic(OBS, DISCRETE, Config().model)
+    pulls = set()
+    while publisher.is_alive() or not pulls:
+        version = weights.pull(reader)
+        values = torch.cat([t.flatten().float() for t in reader.state_dict().values()]).unique()
+        assert values.tolist() == [float(version)], (version, values[:5])
+        pulls.add(version)
+    publisher.join(60)
+    assert publisher.exitcode == 0
+    assert len(pulls) > 10  # the reader really ran while the publisher wrote

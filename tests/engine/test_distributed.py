@@ -11,7 +11,14 @@ from collections import Counter
 import psutil
 import torch
 
-from helpers import read_summary, received_assignments, train_command, write_recording_script
+from helpers import (
+    leaked_shm,
+    read_summary,
+    received_assignments,
+    shm_entries,
+    train_command,
+    write_recording_script,
+)
 from sfengine.checkpoint import load_latest_checkpoint
 from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
@@ -94,9 +101,11 @@ def test_a_rank_that_fails_takes_the_whole_job_down_with_a_clear_message(tmp_pat
     script.write_text(DYING_RANK_SCRIPT)
     args = ["--env=mortal_cartpole", "--num_workers=1", "--num_envs_per_worker=2", "--worker_num_splits=2"]
     args += ["--batch_size=256", "--num_batches_per_epoch=1", "--train_for_env_steps=100000000"]
-    started = time.time()
+    started, shm_before = time.time(), shm_entries()
     result = torchrun(script, train_dir, "dies", *args, timeout=400)
     assert result.returncode != 0
     assert time.time() - started < 300  # ended, not hung
     assert "[rank 1]" in result.stderr and "a component process died: rollout_worker_0" in result.stderr
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    # torchrun kills the surviving rank's process tree: nothing of either rank may stay in /dev/shm.
+    assert leaked_shm(shm_before) == set()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import glob
-import os
 import re
 import signal
 import subprocess
@@ -13,26 +11,9 @@ import time
 
 import psutil
 
-from helpers import read_summary, run_train, train_command
+from helpers import leaked_shm, read_summary, run_train, shm_entries, train_command
 
 FAST = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=4", "--worker_num_splits=2"]
-
-
-def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm"))
-
-
-def leaked_shm(before: set[str]) -> set[str]:
-    """Entries created since ``before`` that still exist and that no live process maps: a run's leftovers.
-    (Entries still mapped belong to some other live process, such as a concurrent run.)"""
-    mapped = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps) as f:
-                mapped.update(line.split()[-1] for line in f if "/dev/shm/" in line)
-        except OSError:
-            pass
-    return {e for e in shm_entries() - before if f"/dev/shm/{e}" not in mapped}
 
 
 def wait_for_training(process: subprocess.Popen, timeout: float = 120) -> None:

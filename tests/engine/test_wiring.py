@@ -23,7 +23,7 @@ def build(num_workers=3, num_inference_workers=2, serial=False):
     obs, act = ObsSpec({"obs": (4,)}, {"obs": torch.float32}), ActionSpec(discrete=True, num_actions=2)
     ctx = multiprocessing.get_context("spawn")
     buffers = SharedBuffers.allocate(cfg, obs, act)
-    weights = SharedWeights.allocate(ActorCritic(obs, act, cfg.model), ctx)
+    weights = SharedWeights.allocate(ActorCritic(obs, act, cfg.model))
     loop = EngineEventLoop("test_runner_loop", serial_mode=True)
     runner = Runner(loop, cfg, 0)
     c = build_components(cfg, loop, buffers, weights, make_gymnasium_env, obs, act, None, ctx)

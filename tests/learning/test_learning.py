@@ -62,8 +62,10 @@ def test_pendulum_box_actions_improve_clearly_over_random(train_dir):
     assert summary["episode_return_mean"] >= baseline + 600, (baseline, summary)
 
 
-def test_dict_observation_with_image_learns_through_the_cnn(train_dir):
+@pytest.mark.parametrize("inference_dtype", ["float32", "bfloat16"])
+def test_dict_observation_with_image_learns_through_the_cnn(train_dir, inference_dtype):
     # The answer is only in the uint8 image: a random policy scores 8 of 16, a policy that reads it 16.
+    # With bfloat16 the inference workers act with a bf16 copy of the CNN while the learner trains in float32.
     result = run_train(
         train_dir,
         "bandit",
@@ -71,6 +73,7 @@ def test_dict_observation_with_image_learns_through_the_cnn(train_dir):
         "--reward_scale=1",
         "--num_epochs=2",
         "--num_inference_workers=2",
+        f"--inference_dtype={inference_dtype}",
         "--train_for_env_steps=40000",
     )
     assert result.returncode == 0, result.stderr[-3000:]
