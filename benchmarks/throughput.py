@@ -18,7 +18,8 @@ start-up before the first env step, envs built and reset, is not counted in eith
     training  (with --with_training) the same run with the PPO update.
     <row>@<ref>  (with --baseline_ref=<git revision>) the sampling (and training) rows run from a checkout of
               that revision, each just before its own row: the before/after figures of an engine change, taken
-              side by side on the same machine state.
+              side by side on the same machine state. With --repeats=N each engine row runs N times, the
+              baseline's and the current one's alternating, and reports the median (every run in fps_runs).
     sample_factory  (with --sf_python=<its venv's python>) Sample Factory 2.1.1, same layout and PPO sizes
               (benchmarks/sample_factory_baseline.py; CartPole-v1 only).
     diy       (with --with_diy) gymnasium's AsyncVectorEnv and a synchronous PPO loop of the same sizes
@@ -291,6 +292,15 @@ def time_split_at(stdout: str, at: float) -> str:
     return ""
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median FPS, with every run's FPS (``fps_runs``); an error if any run failed."""
+    failed = [run for run in runs if "error" in run]
+    if failed:
+        return failed[0]
+    ordered = sorted(runs, key=lambda run: run["fps"])
+    return {**ordered[(len(ordered) - 1) // 2], "fps_runs": [run["fps"] for run in runs]}
+
+
 @contextlib.contextmanager
 def checkout_of(revision: str):
     """A temporary git worktree of ``revision`` of this repository (removed afterwards)."""
@@ -350,7 +360,10 @@ def markdown_table(rows: dict[str, dict], num_envs_per_worker: int) -> str:
         per_process = row["env_process_peak_rss_mb"]
         memory = f"{row['peak_rss_mb']} / {per_process or '-'} / {per_process / num_envs_per_worker:.0f}"
         split = row.get("time_split", "")
-        lines.append(f"| {name} | {row['fps']:,.0f} | {ratio} | {to_sf} | {memory} | {row['cpu_percent']} | {split} |")
+        fps = f"{row['fps']:,.0f}"
+        if len(row.get("fps_runs", ())) > 1:
+            fps += " (runs: " + " / ".join(f"{run:,.0f}" for run in row["fps_runs"]) + ")"
+        lines.append(f"| {name} | {fps} | {ratio} | {to_sf} | {memory} | {row['cpu_percent']} | {split} |")
     return "\n".join(lines)
 
 
@@ -393,6 +406,9 @@ def main() -> None:
     parser.add_argument(
         "--baseline_ref", default=None, help="also run the engine rows from this git revision (before/after)"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each engine row (alternating with the baseline's); median"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory of the result files")
     parser.add_argument("--tag", default=None, help="result file suffix (default: obs mode and workers x envs)")
     args, train_args = parser.parse_known_args()
@@ -412,14 +428,16 @@ def main() -> None:
         rows = {"limit": run_limit(cfg, args.warmup, args.seconds)}
         print(f"limit: {json.dumps(rows['limit'])}", flush=True)
         with contextlib.ExitStack() as stack:
-            baseline = None if args.baseline_ref is None else stack.enter_context(checkout_of(args.baseline_ref))
+            sources = {"": None}
+            if args.baseline_ref is not None:
+                sources = {f"@{args.baseline_ref}": stack.enter_context(checkout_of(args.baseline_ref)), **sources}
             for name, benchmark in [("sampling", True), ("training", False)][: 2 if args.with_training else 1]:
-                if baseline is not None:
-                    before = f"{name}@{args.baseline_ref}"
-                    rows[before] = run_engine(train_args, benchmark, args, train_dir, source=baseline)
-                    print(f"{before}: {json.dumps(rows[before])}", flush=True)
-                rows[name] = run_engine(train_args, benchmark, args, train_dir)
-                print(f"{name}: {json.dumps(rows[name])}", flush=True)
+                runs: dict[str, list[dict]] = {f"{name}{suffix}": [] for suffix in sources}
+                for _ in range(args.repeats):  # alternating, so that both see the same drift of the machine
+                    for row, source in zip(runs, sources.values()):
+                        runs[row].append(run_engine(train_args, benchmark, args, train_dir, source=source))
+                        print(f"{row}: {json.dumps(runs[row][-1])}", flush=True)
+                rows.update({row: median_run(measured) for row, measured in runs.items()})
         if args.sf_python:
             rows["sample_factory"] = run_sample_factory_row(args.sf_python, cfg, args, train_dir / "sf")
             print(f"sample_factory: {json.dumps(rows['sample_factory'])}", flush=True)
