@@ -109,6 +109,8 @@ class SplitState:
     step: Tensor
     final_obs: dict[str, Tensor]
     final_values: Tensor
+    stepping_env: Tensor  # int64 [rows]: the env of the split inside step/reset now, -1 none (for HangWatch)
+    assignments: Tensor  # int64 [rows, envs_per_split, 2]: each env's (task, init state), -1 single-task
 
     @classmethod
     def allocate(cls, num_splits_total: int, envs_per_split: int, obs_spec: ObsSpec) -> SplitState:
@@ -118,6 +120,8 @@ class SplitState:
             step=shared_zeros((num_splits_total,), torch.int64),
             final_obs={key: shared_zeros(rows + shape, obs_spec.dtypes[key]) for key, shape in obs_spec.shapes.items()},
             final_values=shared_zeros(rows, torch.float32),
+            stepping_env=shared_zeros((num_splits_total,), torch.int64).fill_(-1),
+            assignments=shared_zeros((*rows, 2), torch.int64).fill_(-1),
         )
 
 

@@ -136,6 +136,9 @@ class RunConfig:
     save_every_sec: float = option(120.0, "seconds between checkpoints")
     keep_checkpoints: int = option(3, "newest checkpoints kept")
     report_every_sec: float = option(5.0, "seconds between status lines")
+    hang_timeout_sec: float = option(
+        120.0, "a rollout or inference worker silent this long is hung: print its stack and stop the run (0: off)"
+    )
     stats_window: int = option(100, "episodes averaged for the return, length and success statistics")
     benchmark: bool = option(False, "sampling only: collect and discard trajectories, no training")
 
@@ -372,7 +375,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--hidden_sizes={cfg.model.hidden_sizes}: give positive layer widths, e.g. 64,64")
     if run.train_for_env_steps < 1:
         raise ConfigError(f"--train_for_env_steps={run.train_for_env_steps} must be at least 1")
-    for name in ("train_for_seconds", "save_every_sec", "report_every_sec"):
+    for name in ("train_for_seconds", "save_every_sec", "report_every_sec", "hang_timeout_sec"):
         if getattr(run, name) < 0:
             raise ConfigError(f"--{name}={getattr(run, name)} must not be negative")
     if run.keep_checkpoints < 1 or run.stats_window < 1:

@@ -7,7 +7,9 @@ forward pass, or the loop would have to poll.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
+import signal
 from collections.abc import Callable, Iterable
 from queue import Full
 
@@ -64,6 +66,9 @@ class EngineProcess(EventLoopProcess):
     def _target(self):
         ignore_interrupts()
         set_process_title(self.name)
+        # SIGUSR1 prints every thread's Python stack to stderr, even while the process is stuck in C code: the
+        # runner sends it to a hung worker (sfengine.hang_watch), and a user can too (kill -USR1 <pid>).
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         super()._target()
 
 
@@ -81,8 +86,6 @@ def set_process_title(name: str) -> None:
 
 
 def ignore_interrupts() -> None:
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

@@ -28,6 +28,7 @@ from sfengine.config import Config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory
 from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
+from sfengine.hang_watch import HangWatch
 from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
 from sfengine.learning.batcher import Batcher, buffers_released_signal
 from sfengine.learning.learner_worker import LearnerWorker
@@ -77,9 +78,17 @@ def connect_components(runner: Runner, c: Components, num_inference_workers: int
 
 
 class Runner(Component):
-    def __init__(self, event_loop, cfg: Config, initial_env_steps: int, task_names: list[str] | None = None):
+    def __init__(
+        self,
+        event_loop,
+        cfg: Config,
+        initial_env_steps: int,
+        task_names: list[str] | None = None,
+        hang_watch: HangWatch | None = None,
+    ):
         super().__init__(event_loop, "runner")
         self.cfg = cfg
+        self.hang_watch = hang_watch  # multi-process mode: workers that stop reporting
         self.stats = RunStats(cfg.run.stats_window, initial_env_steps, task_names)
         self.processes: list[EngineProcess] = []
         self.stop_reason: str | None = None
@@ -110,11 +119,15 @@ class Runner(Component):
         self.status_timer.timeout.connect(self._status)
 
     def on_worker_report(self, report: WorkerReport) -> None:
+        if self.hang_watch is not None:
+            self.hang_watch.heard_from(f"rollout_worker_{report.worker}")
         self.stats.add_worker_report(report)
         if not self.leads and report.episodes:
             self.rank_episodes.emit(report.episodes)  # for rank 0's statistics, through the learners
 
     def on_inference_report(self, report: InferenceReport) -> None:
+        if self.hang_watch is not None:
+            self.hang_watch.heard_from(f"inference_worker_{report.worker}")
         self.stats.add_inference_report(report)
 
     def on_learner_report(self, report: LearnerReport) -> None:
@@ -157,6 +170,8 @@ class Runner(Component):
                     names = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
                     log.error("a component process died: %s; stopping the run", names)
                     self.request_stop(f"process died: {names}", exit_code=1)
+                elif self.hang_watch is not None and (hung := self.hang_watch.hung()):
+                    self._stop_hung(hung)
             return
         children_done = all(not p.is_alive() for p in self.processes)
         if (self.processes and children_done) or (not self.processes and self.stats.final_learner_report):
@@ -166,6 +181,17 @@ class Runner(Component):
             self.exit_code = 1
             terminate_processes(self.processes)
             self.event_loop.stop()
+
+    def _stop_hung(self, component: str) -> None:
+        """Print the hung component's stack (SIGUSR1, see EngineProcess) and what it was doing, end it, and stop
+        the run: the others save a checkpoint and exit as usual."""
+        process = next(p for p in self.processes if p.name == f"{component}_process")
+        description = self.hang_watch.describe(component)
+        os.kill(process.pid, os_signal.SIGUSR1)
+        time.sleep(0.5)  # the stack dump is written by the hung process itself
+        log.error("%s (hung?); its stack is above; stopping the run (--hang_timeout_sec)", description)
+        process.kill()
+        self.request_stop(f"hung: {component}", exit_code=1)
 
     def _status(self) -> None:
         if not self.leads:
@@ -301,7 +327,9 @@ def run(
     task_sequence = build_task_sequence(cfg, tasks, resume_state) if tasks is not None else None
 
     runner_loop = EngineEventLoop("runner_evt_loop", serial_mode=cfg.sampler.serial_mode)
-    runner = Runner(runner_loop, cfg, initial_env_steps, tasks.task_names if tasks else None)
+    task_names = tasks.task_names if tasks else None
+    hang_watch = None if cfg.sampler.serial_mode else HangWatch(cfg, buffers.splits, task_names)
+    runner = Runner(runner_loop, cfg, initial_env_steps, task_names, hang_watch)
     runner_loop.start.connect(runner.on_start)
     components = build_components(
         cfg, runner_loop, buffers, weights, env_factory, obs_spec, action_spec, resume_state, mp_context, task_sequence

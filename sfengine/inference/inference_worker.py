@@ -68,6 +68,7 @@ class InferenceWorker(Component):
         self.event_loop.after_signals.append(self._run_pending)
         self.report_timer = Timer(self.event_loop, 1.0)
         self.report_timer.timeout.connect(self._send_report)
+        self._send_report()  # the first report: start-up is over, the runner's hang watch begins
 
     def on_inference_request(self, request: InferenceRequest) -> None:
         self.pending.append(request)

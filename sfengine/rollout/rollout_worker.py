@@ -27,6 +27,7 @@ from sfengine.config import Config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext, EnvFactory
 from sfengine.event_loop import Component, stop_own_loop
+from sfengine.hang_watch import NO_ENV
 from sfengine.messages import EpisodeStats, InferenceRequest, TrajectoriesReady, WorkerReport
 from sfengine.spaces import ActionSpec, obs_as_dict
 from sfengine.task_sequence import SharedTaskSequence
@@ -99,6 +100,8 @@ class RolloutWorker(Component):
         self.split_step_np = self.buffers.splits.step.numpy()
         self.final_obs_np = {key: t.numpy() for key, t in self.buffers.splits.final_obs.items()}
         self.final_values_np = self.buffers.splits.final_values.numpy()
+        self.stepping_env_np = self.buffers.splits.stepping_env.numpy()  # what the runner names if this hangs
+        self.assignments_np = self.buffers.splits.assignments.numpy()
         if not self.action_spec.discrete:
             self.action_low = np.asarray(self.action_spec.low, dtype=np.float32)
             self.action_high = np.asarray(self.action_spec.high, dtype=np.float32)
@@ -133,6 +136,7 @@ class RolloutWorker(Component):
                 self._write_obs(self._reset_env(split, i, seed=ctx.seed), split.buffer_ids[i], 0)
             self.env_step_sec += time.perf_counter() - started
             self._request(split)
+        self._send_report()  # the first report: start-up is over, the runner's hang watch begins
 
     def _take_buffers(self, split: SplitRunner) -> None:
         for i in range(len(split.envs)):
@@ -180,6 +184,7 @@ class RolloutWorker(Component):
         truncated = np.zeros(len(ids), dtype=bool)
         env_started = time.perf_counter()
         for i, env in enumerate(split.envs):
+            self.stepping_env_np[split.row] = i
             try:
                 obs, reward, term, trunc, info = env.step(actions[i])
             except Exception:  # noqa: BLE001  (a simulator failure costs one episode, never the run)
@@ -199,6 +204,7 @@ class RolloutWorker(Component):
                 split.episode_lengths[i] += 1
                 obs = obs_as_dict(obs)
             self._write_obs(obs, ids[i], t + 1)
+        self.stepping_env_np[split.row] = NO_ENV
         self.env_step_sec += time.perf_counter() - env_started
         self.steps_taken += len(ids)
         self.traj["rewards"][ids, t] = rewards
@@ -219,6 +225,7 @@ class RolloutWorker(Component):
         if self.task_sequence is not None:
             assignment = self.task_sequence.next()
             split.tasks[i] = assignment.task
+            self.assignments_np[split.row, i] = assignment
             options = {"task": assignment.task, "init_state": assignment.init_state}
         try:
             obs, _ = split.envs[i].reset(seed=seed, options=options)

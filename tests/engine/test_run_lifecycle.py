@@ -224,3 +224,70 @@ def test_multi_task_env_gets_assignments_and_reports_success_per_task(train_dir)
     assert all(0.0 <= v <= 1.0 for v in summary["per_task_success"].values())
     # The status line shows each task's success as it goes.
     assert re.search(r"success per task: 0:[0-9.]+ 1:[0-9.]+ 2:[0-9.]+ 3:[0-9.]+", result.stdout)
+
+
+HANGING_SCRIPT = """
+import sys
+import time
+
+import gymnasium as gym
+
+from sfengine import register_env
+from sfengine.train import main
+from sfengine_envs.multitask_toy import make_multitask_toy
+
+
+def stuck_in_the_simulator():
+    time.sleep(100_000)  # as a deadlocked simulator would: the step never returns
+
+
+class HangsOnce(gym.Wrapper):
+    # Env 3 of rollout worker 1 hangs in its 3000th step, a few seconds into the run.
+
+    def __init__(self, env, ctx):
+        super().__init__(env)
+        self.hangs = (ctx.worker_index, ctx.env_index) == (1, 3)
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.hangs and self.steps == 3000:
+            stuck_in_the_simulator()
+        return self.env.step(action)
+
+
+def make_hanging_toy(ctx):
+    return HangsOnce(make_multitask_toy(ctx), ctx)
+
+
+register_env("hanging_toy", make_hanging_toy)
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_hung_env_is_named_with_its_stack_and_the_run_stops_cleanly(tmp_path, train_dir):
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGING_SCRIPT)
+    shm_before = shm_entries()
+    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=hang", *FAST[1:]]
+    command += ["--env=hanging_toy", "--hang_timeout_sec=8", "--train_for_env_steps=100000000"]
+    started = time.time()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children = []
+    while not children and process.poll() is None:
+        time.sleep(0.5)
+        children = psutil.Process(process.pid).children(recursive=True)
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == 1, stderr[-3000:]
+    assert time.time() - started < 120  # noticed after 8 s of silence, not left hanging
+    # The error names the worker, the env and what it was playing; its stack shows where it is stuck.
+    error = next(line for line in stderr.splitlines() if "sent no report" in line)
+    assert "rollout_worker_1 sent no report" in error and "stuck in env 3 (split 1), task" in error, error
+    assert re.search(r"task \d+ 'toy_task_\d+', init state \d+", error), error
+    assert "stuck_in_the_simulator" in stderr  # the hung process's own stack, printed by faulthandler
+    assert list((train_dir / "hang" / "checkpoints").glob("checkpoint_*.pt"))  # the learner still saved
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()
