@@ -187,8 +187,11 @@ class Runner(Component):
         the run: the others save a checkpoint and exit as usual."""
         process = next(p for p in self.processes if p.name == f"{component}_process")
         description = self.hang_watch.describe(component)
-        os.kill(process.pid, os_signal.SIGUSR1)
-        time.sleep(0.5)  # the stack dump is written by the hung process itself
+        try:
+            os.kill(process.pid, os_signal.SIGUSR1)
+            time.sleep(0.5)  # the stack dump is written by the hung process itself
+        except ProcessLookupError:
+            pass  # it died meanwhile: nothing to print, the stop below still applies
         log.error("%s (hung?); its stack is above; stopping the run (--hang_timeout_sec)", description)
         process.kill()
         self.request_stop(f"hung: {component}", exit_code=1)
