@@ -142,7 +142,7 @@ class ActorCritic(nn.Module):
         nn.init.orthogonal_(self.value_head.weight, gain=1.0)
 
     def for_inference(self, dtype: torch.dtype) -> ActorCritic:
-        """Make this copy an inference copy whose CNN encoders compute in ``dtype`` (bfloat16 halves their CPU
+        """Make this copy an inference copy whose CNN encoders compute in ``dtype`` (bfloat16 cuts their CPU
         cost on CPUs with native bf16). Everything else stays float32: the normalisers and the small MLPs and
         heads, so vector inputs keep their precision and actions are drawn from float32 logits. The log-probs
         written for the learner are those of this copy, the policy that acted, so PPO's ratio and V-trace stay
