@@ -72,8 +72,8 @@ class SamplerConfig:
     num_inference_workers: int = option(1, "inference worker processes that batch requests from all rollout workers")
     inference_dtype: str = option(
         "float32",
-        "precision of the image (CNN) encoders in inference workers; bfloat16 cuts their CPU cost by about 40% where the CPU "
-        "has native bf16 (AVX512-BF16, AMX). The learner always trains in float32",
+        "precision of the image (CNN) encoders in inference workers; bfloat16 cuts their CPU cost by about 40 "
+        "percent where the CPU has native bf16 (AVX512-BF16, AMX). The learner always trains in float32",
         ("float32", "bfloat16"),
     )
     rollout: int = option(32, "env steps per trajectory handed to the learner")
