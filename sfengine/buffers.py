@@ -35,6 +35,7 @@ from sfengine.spaces import ActionSpec, ObsSpec
 
 # Written by the inference worker at [buffer, t]; everything else in a trajectory is written by the rollout worker.
 POLICY_FIELDS = ("actions", "log_probs", "values", "versions")
+NO_ENV = -1  # SplitState.stepping_env when no env of the split is inside step or reset
 
 
 def shared_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
@@ -120,7 +121,7 @@ class SplitState:
             step=shared_zeros((num_splits_total,), torch.int64),
             final_obs={key: shared_zeros(rows + shape, obs_spec.dtypes[key]) for key, shape in obs_spec.shapes.items()},
             final_values=shared_zeros(rows, torch.float32),
-            stepping_env=shared_zeros((num_splits_total,), torch.int64).fill_(-1),
+            stepping_env=shared_zeros((num_splits_total,), torch.int64).fill_(NO_ENV),
             assignments=shared_zeros((*rows, 2), torch.int64).fill_(-1),
         )
 

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import time
 
-from sfengine.buffers import SplitState
+from sfengine.buffers import NO_ENV, SplitState
 from sfengine.config import Config
-
-NO_ENV = -1  # SplitState.stepping_env when no env of the split is inside step or reset
 
 
 class HangWatch:

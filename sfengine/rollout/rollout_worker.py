@@ -22,12 +22,11 @@ import numpy as np
 import torch
 from signal_slot.signal_slot import Timer, signal
 
-from sfengine.buffers import POLICY_FIELDS, SharedBuffers
+from sfengine.buffers import NO_ENV, POLICY_FIELDS, SharedBuffers
 from sfengine.config import Config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext, EnvFactory
 from sfengine.event_loop import Component, stop_own_loop
-from sfengine.hang_watch import NO_ENV
 from sfengine.messages import EpisodeStats, InferenceRequest, TrajectoriesReady, WorkerReport
 from sfengine.spaces import ActionSpec, obs_as_dict
 from sfengine.task_sequence import SharedTaskSequence
