@@ -8,12 +8,15 @@ forward pass, or the loop would have to poll.
 from __future__ import annotations
 
 import faulthandler
+import logging
 import multiprocessing
 import signal
 from collections.abc import Callable, Iterable
 from queue import Full
 
 from signal_slot.signal_slot import EventLoop, EventLoopObject, EventLoopProcess
+
+from sfengine.distributed import RankInfo
 
 EMIT_TIMEOUT_SEC = 60.0
 
@@ -54,7 +57,7 @@ class EngineEventLoop(EventLoop):
 
 class EngineProcess(EventLoopProcess):
     """An EventLoopProcess whose loop is an EngineEventLoop. Children never own the terminal: the runner
-    coordinates shutdown, so a Ctrl-C must reach only the runner (see ``ignore_interrupts``)."""
+    coordinates shutdown, so a Ctrl-C or SIGTERM must reach only the runner (see ``ignore_interrupts``)."""
 
     def __init__(self, name: str, mp_context: multiprocessing.context.BaseContext):
         self._process = mp_context.Process(target=self._target, name=name, daemon=False)
@@ -66,10 +69,19 @@ class EngineProcess(EventLoopProcess):
     def _target(self):
         ignore_interrupts()
         set_process_title(self.name)
+        configure_logging()
         # SIGUSR1 prints every thread's Python stack to stderr, even while the process is stuck in C code: the
         # runner sends it to a hung worker (sfengine.hang_watch), and a user can too (kill -USR1 <pid>).
         faulthandler.register(signal.SIGUSR1, all_threads=True)
         super()._target()
+
+
+def configure_logging() -> None:
+    """One log format for the runner and every component process: time, pid, and the rank under torchrun."""
+    ranks = RankInfo.from_environment()
+    rank = f"[rank {ranks.rank}]" if ranks.world_size > 1 else ""
+    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][%(process)d]{rank} %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("signal_slot").setLevel(logging.WARNING)
 
 
 def set_process_title(name: str) -> None:
@@ -86,7 +98,12 @@ def set_process_title(name: str) -> None:
 
 
 def ignore_interrupts() -> None:
+    """Ctrl-C in a terminal, and a job scheduler's or ``timeout``'s SIGTERM, go to the whole process group. A
+    component killed by them would take no checkpoint and could die holding a queue's lock, leaving the runner
+    blocked on it; so only the runner acts on them, and it stops the components in order (one that does not stop is
+    killed, see ``terminate_processes``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def stop_own_loop(component: EventLoopObject) -> None:

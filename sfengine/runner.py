@@ -256,16 +256,14 @@ class Runner(Component):
         return summary
 
 
-def terminate_processes(processes: list[EngineProcess], grace_sec: float = 5.0) -> None:
+def terminate_processes(processes: list[EngineProcess]) -> None:
+    """Kill the components still alive. They ignore SIGTERM (it is the runner's to act on, see
+    ``ignore_interrupts``), so one that did not stop when asked gets SIGKILL."""
     for p in processes:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.time() + grace_sec
-    for p in processes:
-        p.join(max(0.0, deadline - time.time()))
         if p.is_alive():
             p.kill()
-            p.join(1.0)
+    for p in processes:
+        p.join(5.0)
 
 
 def build_components(

@@ -17,6 +17,7 @@ from sfengine.checkpoint import CheckpointError, list_checkpoints, load_latest_c
 from sfengine.config import Config, ConfigError, env_defaults_preset, parse_config, save_config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext, EnvFactory, env_sizer, resolve_env_factory
+from sfengine.event_loop import configure_logging
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo, task_info
 from sfengine.sizing import Machine, resolve_auto_options
@@ -87,9 +88,7 @@ def inference_dtype_warning(cfg: Config, obs_spec: ObsSpec) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     ranks = RankInfo.from_environment()
-    rank = f"[rank {ranks.rank}]" if ranks.world_size > 1 else ""
-    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][%(process)d]{rank} %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("signal_slot").setLevel(logging.WARNING)
+    configure_logging()
     try:
         cfg = parse_config(argv)
         factory = resolve_env_factory(cfg.env.env)
@@ -121,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{cfg.run.train_for_env_steps}; raise it to train further",
             flush=True,
         )
+        return 0  # nothing to train: starting the workers would only wait for a batch the learner may not take
     from sfengine.runner import run
 
     return run(cfg, factory, obs_spec, action_spec, model, resume_state, tasks)

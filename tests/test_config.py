@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -31,12 +32,23 @@ def test_shipped_preset_found_by_name(tmp_path):
         (["--batch_size=1000", "--rollout=32"], "not a multiple of --rollout=32"),
         (["--cfg=no_such_preset"], "no such preset"),
         (["--restart_behavior=maybe"], "is not one of resume, restart, overwrite"),
+        (
+            ["--async_rl=false", "--num_workers=3", "--num_envs_per_worker=4"],
+            "--async_rl=False needs batch_size x num_batches_per_epoch (2048) to be a multiple of num_workers x "
+            "num_envs_per_worker x rollout (384)",
+        ),
     ],
 )
 def test_invalid_values_raise_one_line_errors(tmp_path, args, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
         parse_config([*args, f"--train_dir={tmp_path}"])
     assert "\n" not in str(info.value)
+
+
+def test_synchronous_mode_accepts_a_batch_that_every_env_fills_equally(tmp_path):
+    # 4 workers x 16 envs x 32 steps = 2048 = batch_size x num_batches_per_epoch: one rollout per env per update.
+    cfg = parse_config(["--async_rl=false", "--num_workers=4", "--num_envs_per_worker=16", f"--train_dir={tmp_path}"])
+    assert cfg.samples_per_training_batch == 4 * 16 * 32
 
 
 @pytest.mark.parametrize(

@@ -14,22 +14,28 @@ from sfengine.task_sequence import SharedTaskSequence
 SPAWN = multiprocessing.get_context("spawn")
 
 
-def draw_many(sequence: SharedTaskSequence, count: int, results) -> None:
+def draw_many(sequence: SharedTaskSequence, count: int, start, results) -> None:
+    start.wait(60)  # all at once: spawned processes start a second apart, far longer than the draws take
     results.put([tuple(sequence.next()) for _ in range(count)])
 
 
 def test_processes_drawing_at_once_get_each_position_exactly_once():
     schedule = TaskSchedule(shard_pairs([7, 3, 5], rank=0, world_size=1))
     sequence = SharedTaskSequence.allocate(schedule)
-    results = SPAWN.Queue()
-    processes = [SPAWN.Process(target=draw_many, args=(sequence, 500, results)) for _ in range(3)]
+    start, results = SPAWN.Barrier(4), SPAWN.Queue()
+    # Enough draws that the drawers overlap for many thousands of positions: a position read by two of them
+    # before either writes it back is handed out twice.
+    draws = 20_000
+    processes = [SPAWN.Process(target=draw_many, args=(sequence, draws, start, results)) for _ in range(3)]
     for process in processes:
         process.start()
-    drawn = Counter(Assignment(*a) for _ in processes for a in results.get(timeout=60))
+    draw_many(sequence, draws, start, results)
+    drawn = Counter(Assignment(*a) for _ in range(4) for a in results.get(timeout=120))
     for process in processes:
-        process.join(10)
-    assert drawn == Counter(schedule.at(p) for p in range(1500))
-    assert int(sequence.position[0]) == 1500
+        process.join(60)
+        assert process.exitcode == 0
+    assert int(sequence.position[0]) == 4 * draws
+    assert drawn == Counter(schedule.at(p) for p in range(4 * draws))
 
 
 def test_curriculum_draws_a_failing_task_more_often():
@@ -42,6 +48,30 @@ def test_curriculum_draws_a_failing_task_more_often():
     # Weights 11 : 1 : 1 : 1 -> task 2 gets about 11/14 of the draws.
     assert 0.7 < drawn[2] / 2000 < 0.86
     assert all(drawn[task] > 50 for task in (0, 1, 3))  # a task that succeeds is still visited
+
+
+def test_curriculum_weights_recover_when_a_failing_task_starts_succeeding():
+    schedule = TaskSchedule(shard_pairs([5] * 4, rank=0, world_size=1))
+    sequence = SharedTaskSequence.allocate(schedule, curriculum=True, window=10)
+
+    def share_of_task_2(draws: int = 2000) -> float:
+        return Counter(sequence.next().task for _ in range(draws))[2] / draws
+
+    for task in range(4):
+        for _ in range(10):
+            sequence.record(task, success=task != 2)
+    assert 0.7 < share_of_task_2() < 0.86  # weights 11 : 1 : 1 : 1
+    # The task is learnt: each success pushes its oldest failure out of the window, so its weight falls back.
+    for _ in range(5):
+        sequence.record(2, success=True)
+    assert 0.58 < share_of_task_2() < 0.75  # 5 failures left in the window: weights 6 : 1 : 1 : 1
+    for _ in range(5):
+        sequence.record(2, success=True)
+    assert 0.18 < share_of_task_2() < 0.32  # no failure left: every task equally likely again
+    # And a task that then fails again is favoured again, from its latest outcomes alone.
+    for _ in range(10):
+        sequence.record(2, success=False)
+    assert 0.7 < share_of_task_2() < 0.86
 
 
 @settings(max_examples=50, deadline=None)

@@ -54,7 +54,7 @@ class LearnerWorker(Component):
         self.resume_state = resume_state
         self.task_sequence = task_sequence  # its position is saved, so a resumed run continues the sequence
         self.batcher_thread: threading.Thread | None = None
-        self.stopped = False
+        self.started = self.stopped = False
         self.stop_requested = False  # this rank's runner asked; the ranks agree at the next exchange
         self.stop_agreed = False
         self.pending_episodes: list[EpisodeStats] = []  # this rank's episodes, for rank 0's statistics
@@ -106,6 +106,7 @@ class LearnerWorker(Component):
         if self.batcher.event_loop is not self.event_loop:
             self.batcher_thread = threading.Thread(target=self.batcher.event_loop.exec, name="batcher", daemon=True)
             self.batcher_thread.start()
+        self.started = True
 
     def on_rank_episodes(self, episodes: list[EpisodeStats]) -> None:
         self.pending_episodes.extend(episodes)
@@ -195,12 +196,17 @@ class LearnerWorker(Component):
         if self.ranks.rank != 0:
             return  # every rank holds the same weights; rank 0 writes them
         path = save_checkpoint(self.cfg.experiment_dir, self.checkpoint_state(), self.cfg.run.keep_checkpoints)
-        log.debug("saved %s", path)
+        log.info("checkpoint saved: %s", path.name)
 
     def on_stop(self) -> None:
         if self.stopped:
             return
         self.stopped = True
+        if not self.started:
+            # A stop that arrived before the start (a time limit shorter than start-up, an early signal): nothing
+            # was loaded or trained, so there is nothing to save or report.
+            stop_own_loop(self)
+            return
         in_sync = True
         if self.group.distributed and (self.stop_agreed or self.env_steps >= self.cfg.run.train_for_env_steps):
             # Every rank stops at the same point, so one last exchange is safe: it checks the final weights and

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
+import pytest
+import torch
 
 from helpers import leaked_shm, read_summary, run_train, shm_entries, train_command
 
@@ -26,13 +31,14 @@ def wait_for_training(process: subprocess.Popen, timeout: float = 120) -> None:
     raise AssertionError(f"the run ended early with code {process.wait()}")
 
 
-def start_long_training(train_dir, experiment: str) -> subprocess.Popen:
+def start_long_training(train_dir, experiment: str, *args: str, **popen) -> subprocess.Popen:
     """Start a run that would go on for a long time, and return once the learner has trained."""
     process = subprocess.Popen(
-        train_command(train_dir, experiment, *FAST, "--train_for_env_steps=100000000"),
+        train_command(train_dir, experiment, *FAST, "--train_for_env_steps=100000000", *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        **popen,
     )
     wait_for_training(process)
     return process
@@ -40,7 +46,8 @@ def start_long_training(train_dir, experiment: str) -> subprocess.Popen:
 
 def test_sigint_saves_a_checkpoint_and_leaves_no_process_or_shared_memory(train_dir):
     shm_before = shm_entries()
-    process = start_long_training(train_dir, "interrupted")
+    # A non-default model width: a resume that ignored the saved config.json would build another model and fail.
+    process = start_long_training(train_dir, "interrupted", "--hidden_sizes=32")
     children = psutil.Process(process.pid).children(recursive=True)
     assert len(children) >= 4  # 2 rollout workers, 1 inference worker, 1 learner
     process.send_signal(signal.SIGINT)
@@ -54,16 +61,55 @@ def test_sigint_saves_a_checkpoint_and_leaves_no_process_or_shared_memory(train_
     summary = read_summary(train_dir, "interrupted")
     assert summary["stop_reason"] == "interrupted by a signal"
     assert summary["env_steps"] > 0
+    saved = torch.load(checkpoints[0], weights_only=True)
+    assert saved["env_steps"] == summary["env_steps"]
 
-    # Resume continues the env-step count from the checkpoint.
+    # Resume with no flag but the target: every other setting comes from the run's config.json.
     target = summary["env_steps"] + 8192
-    result = run_train(train_dir, "interrupted", *FAST, f"--train_for_env_steps={target}")
+    result = run_train(train_dir, "interrupted", f"--train_for_env_steps={target}")
     assert result.returncode == 0, result.stderr
     assert "resuming 'interrupted'" in result.stdout
     resumed = read_summary(train_dir, "interrupted")
     assert resumed["env_steps"] >= target
-    assert resumed["env_steps_this_run"] < resumed["env_steps"]
+    assert resumed["env_steps_this_run"] == resumed["env_steps"] - saved["env_steps"]
     assert resumed["policy_version"] > summary["policy_version"]
+    config = json.loads((train_dir / "interrupted" / "config.json").read_text())
+    assert config["sampler"]["num_envs_per_worker"] == 4 and config["model"]["hidden_sizes"] == [32]
+    assert_training_continued_from(saved, latest_checkpoint(train_dir / "interrupted"), config)
+
+    # A target already reached trains nothing, says so, and leaves the checkpoint as it is.
+    before = latest_checkpoint(train_dir / "interrupted")
+    mtime = before.stat().st_mtime_ns
+    result = run_train(train_dir, "interrupted", f"--train_for_env_steps={target}", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "raise it to train further" in result.stdout
+    assert latest_checkpoint(train_dir / "interrupted") == before and before.stat().st_mtime_ns == mtime
+
+
+def latest_checkpoint(experiment_dir) -> Path:
+    return max((experiment_dir / "checkpoints").glob("checkpoint_*.pt"))
+
+
+def assert_training_continued_from(saved: dict, checkpoint: Path, config: dict) -> None:
+    """The resumed learner started from the saved weights, optimiser and normalisers, and only trained on."""
+    now = torch.load(checkpoint, weights_only=True)
+    learner = config["learner"]
+    updates = (
+        (now["policy_version"] - saved["policy_version"]) * learner["num_epochs"] * learner["num_batches_per_epoch"]
+    )
+    # Adam's step counters continue from the saved ones (a fresh optimiser would count from 0).
+    for param, state in now["optimizer"]["state"].items():
+        assert int(state["step"]) == int(saved["optimizer"]["state"][param]["step"]) + updates
+    # The normalisers continue counting samples: one per env step trained on in this run.
+    new_samples = now["env_steps"] - saved["env_steps"]
+    count = "normalizers.obs.count"
+    assert float(now["model"][count]) == pytest.approx(float(saved["model"][count]) + new_samples, abs=1.0)
+    # Each weight moved by at most about lr per Adam step: far less than between two random initialisations.
+    bound = 3 * learner["learning_rate"] * updates
+    for name, tensor in now["model"].items():
+        if tensor.is_floating_point() and "normalizers" not in name:
+            moved = float((tensor - saved["model"][name]).abs().max())
+            assert moved <= bound, (name, moved, bound)
 
 
 def test_corrupt_checkpoint_is_an_error_not_a_fresh_start(train_dir):
@@ -83,26 +129,47 @@ def test_checkpoint_of_another_model_is_rejected(train_dir):
     assert "does not fit this model" in result.stderr
 
 
-def test_run_writes_config_tensorboard_checkpoint_and_summary(train_dir):
-    result = run_train(train_dir, "files", *FAST, "--train_for_env_steps=20000", "--keep_checkpoints=2")
+def test_run_writes_config_tensorboard_checkpoints_every_few_seconds_and_summary(train_dir):
+    # A time limit, periodic checkpoints with pruning, and an `auto` worker count, all in one short run.
+    args = ["--env=CartPole-v1", "--num_workers=auto", "--num_envs_per_worker=4", "--train_for_env_steps=100000000"]
+    args += ["--train_for_seconds=10", "--save_every_sec=1", "--keep_checkpoints=2"]
+    result = run_train(train_dir, "files", *args)
     assert result.returncode == 0, result.stderr
     experiment = train_dir / "files"
-    assert (experiment / "config.json").is_file()
     summary = read_summary(train_dir, "files")
     for key in ("env_steps", "wall_seconds", "fps", "episode_return_mean", "episode_len_mean", "episodes"):
         assert summary[key] is not None, key
-    assert summary["env_steps"] >= 20000 and summary["fps"] > 0
+    assert summary["stop_reason"] == "trained for 10 s" and summary["exit_code"] == 0
+    assert summary["fps"] > 0
+    # The auto choice is printed and recorded, so a resumed run keeps it.
+    chosen = int(re.search(r"auto: num_workers=(\d+)", result.stdout).group(1))
+    assert json.loads((experiment / "config.json").read_text())["sampler"]["num_workers"] == chosen >= 1
+    # Saved every second and at the stop; only the newest two are kept, the last one holding the final state.
+    saved = re.findall(r"checkpoint saved: (checkpoint_\d+_\d+\.pt)", result.stdout + result.stderr)
+    assert len(saved) >= 4, saved
+    kept = sorted(p.name for p in (experiment / "checkpoints").glob("checkpoint_*.pt"))
+    assert kept == sorted(saved[-2:])
+    assert saved[-1] == f"checkpoint_{summary['policy_version']:09d}_{summary['env_steps']}.pt"
     events = b"".join(p.read_bytes() for p in (experiment / "tensorboard").glob("events.out.tfevents.*"))
     for tag in (b"perf/fps_10s", b"episodes/episode_return_mean", b"train/loss", b"train/clip_fraction"):
         assert tag in events, tag
 
 
-def test_restart_moves_the_old_run_aside(train_dir):
+def test_restart_moves_the_old_run_aside_and_overwrite_deletes_it(train_dir):
     assert run_train(train_dir, "again", *FAST, "--train_for_env_steps=2048").returncode == 0
     result = run_train(train_dir, "again", *FAST, "--train_for_env_steps=2048", "--restart_behavior=restart")
     assert result.returncode == 0, result.stderr
     assert read_summary(train_dir, "again")["env_steps_this_run"] == read_summary(train_dir, "again")["env_steps"]
-    assert len(list(train_dir.glob("again.*"))) == 1  # the previous run, kept
+    (aside,) = train_dir.glob("again.*")  # the previous run, kept
+    assert list((aside / "checkpoints").glob("checkpoint_*.pt"))
+
+    result = run_train(train_dir, "again", *FAST, "--train_for_env_steps=4096", "--restart_behavior=overwrite")
+    assert result.returncode == 0, result.stderr
+    summary = read_summary(train_dir, "again")
+    assert summary["env_steps_this_run"] == summary["env_steps"] >= 4096  # started over, not resumed
+    assert list(train_dir.glob("again.*")) == [aside]  # nothing more moved aside: the old run is gone
+    (checkpoint,) = (train_dir / "again" / "checkpoints").glob("checkpoint_*.pt")
+    assert checkpoint.name.endswith(f"_{summary['env_steps']}.pt")
 
 
 USER_SCRIPT = textwrap.dedent(
@@ -113,10 +180,38 @@ USER_SCRIPT = textwrap.dedent(
 
     from sfengine import register_env
     from sfengine.train import main
+    from sfengine_envs.multitask_toy import make_multitask_toy
 
 
-    def make_short_cartpole(ctx):
-        return gym.make("CartPole-v1", max_episode_steps=25)
+    class ReportsIsSuccess(gym.Wrapper):
+        # Reports info["is_success"] (the name gymnasium-robotics and SB3 use) at each episode's end: every
+        # second episode of each env succeeds.
+
+        episodes = 0
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                self.episodes += 1
+                info["is_success"] = self.episodes % 2 == 0
+            return obs, reward, terminated, truncated, info
+
+
+    def make_short_pendulum(ctx):
+        # Pendulum never ends by itself: every episode lasts exactly the user's limit.
+        return ReportsIsSuccess(gym.make("Pendulum-v1", max_episode_steps=25))
+
+
+    class EvenTasksSucceed(gym.Wrapper):
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            if "success" in info:
+                info["success"] = self.env.unwrapped.task % 2 == 0
+            return obs, reward, terminated, truncated, info
+
+
+    def make_graded_toy(ctx):
+        return EvenTasksSucceed(make_multitask_toy(ctx))
 
 
     class FlakySimulator(gym.Wrapper):
@@ -140,7 +235,8 @@ USER_SCRIPT = textwrap.dedent(
         return FlakySimulator(gym.make("CartPole-v1"))
 
 
-    register_env("short_cartpole", make_short_cartpole)
+    register_env("short_pendulum", make_short_pendulum)
+    register_env("graded_toy", make_graded_toy)
     register_env("flaky_cartpole", make_flaky_cartpole)
     register_env("lambda_env", lambda ctx: gym.make("CartPole-v1"))
 
@@ -155,13 +251,15 @@ def test_env_registered_from_a_user_script_runs_in_spawned_workers(tmp_path, tra
     script.write_text(USER_SCRIPT)
     base = [sys.executable, str(script), f"--train_dir={train_dir}", *FAST[1:]]
     result = subprocess.run(
-        [*base, "--env=short_cartpole", "--experiment=user", "--train_for_env_steps=8192"],
+        [*base, "--env=short_pendulum", "--experiment=user", "--train_for_env_steps=8192"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert read_summary(train_dir, "user")["episode_len_mean"] <= 25  # the user's time limit was applied
+    summary = read_summary(train_dir, "user")
+    assert summary["episode_len_mean"] == 25  # the user's own env, time limit included, ran in the workers
+    assert summary["success_rate"] == pytest.approx(0.5, abs=0.1)  # read from info["is_success"]
 
     result = subprocess.run(
         [*base, "--env=lambda_env", "--experiment=lam"], capture_output=True, text=True, timeout=300
@@ -199,6 +297,36 @@ def test_second_sigint_forces_the_exit_and_leaves_no_process(train_dir):
     assert leaked_shm(shm_before) == set()
 
 
+def test_sigterm_to_the_whole_process_group_stops_cleanly_with_a_checkpoint(train_dir):
+    # Job schedulers (and `timeout`) send SIGTERM to every process of the job at once, not only to the runner.
+    shm_before = shm_entries()
+    process = start_long_training(train_dir, "terminated", start_new_session=True)
+    children = psutil.Process(process.pid).children(recursive=True)
+    os.killpg(process.pid, signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, output
+    assert "SIGTERM: saving a checkpoint and stopping" in output
+    summary = read_summary(train_dir, "terminated")
+    assert summary["stop_reason"] == "interrupted by a signal"
+    (checkpoint,) = (train_dir / "terminated" / "checkpoints").glob("checkpoint_*.pt")
+    assert checkpoint.name.endswith(f"_{summary['env_steps']}.pt")  # saved by the learner at the stop
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()
+
+
+def test_a_process_tree_killed_with_sigkill_leaves_nothing_in_dev_shm(train_dir):
+    # Nothing can clean up after SIGKILL: no named semaphore or segment may outlive the processes.
+    shm_before = shm_entries()
+    process = start_long_training(train_dir, "killed", start_new_session=True)
+    tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate(timeout=30)
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive
+    assert leaked_shm(shm_before) == set()
+
+
 def test_an_env_that_raises_is_rebuilt_and_the_run_goes_on(tmp_path, train_dir):
     script = tmp_path / "my_train.py"
     script.write_text(USER_SCRIPT)
@@ -216,14 +344,23 @@ def test_an_env_that_raises_is_rebuilt_and_the_run_goes_on(tmp_path, train_dir):
     assert "step failed; rebuilding the env" in result.stderr
 
 
-def test_multi_task_env_gets_assignments_and_reports_success_per_task(train_dir):
-    result = run_train(train_dir, "tasks", *FAST[1:], "--env=multitask_toy", "--train_for_env_steps=10000")
+def test_multi_task_env_gets_assignments_and_reports_success_per_task(tmp_path, train_dir):
+    # Even tasks always succeed and odd ones never: each episode's outcome must be credited to its own task.
+    script = tmp_path / "my_train.py"
+    script.write_text(USER_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), f"--train_dir={train_dir}", *FAST[1:], "--env=graded_toy"]
+        + ["--experiment=tasks", "--train_for_env_steps=10000", "--report_every_sec=2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "tasks")
-    assert set(summary["per_task_success"]) == {f"toy_task_{t}" for t in range(4)}
-    assert all(0.0 <= v <= 1.0 for v in summary["per_task_success"].values())
+    assert summary["per_task_success"] == {"toy_task_0": 1.0, "toy_task_1": 0.0, "toy_task_2": 1.0, "toy_task_3": 0.0}
+    assert summary["success_rate"] == pytest.approx(0.5, abs=0.05)  # tasks are dealt in turn
     # The status line shows each task's success as it goes.
-    assert re.search(r"success per task: 0:[0-9.]+ 1:[0-9.]+ 2:[0-9.]+ 3:[0-9.]+", result.stdout)
+    assert re.search(r"success per task: 0:1\.00 1:0\.00 2:1\.00 3:0\.00", result.stdout)
 
 
 HANGING_SCRIPT = """
@@ -260,7 +397,23 @@ def make_hanging_toy(ctx):
     return HangsOnce(make_multitask_toy(ctx), ctx)
 
 
+class StallsOnce(HangsOnce):
+    # Env 3 of rollout worker 1 stalls for 6 s in its 300th step, as a slow simulator step might, then goes on.
+
+    def step(self, action):
+        self.steps += 1
+        if self.hangs and self.steps == 300:
+            print("env 3 of worker 1 stalls", file=sys.stderr, flush=True)
+            time.sleep(6)
+        return self.env.step(action)
+
+
+def make_stalling_toy(ctx):
+    return StallsOnce(make_multitask_toy(ctx), ctx)
+
+
 register_env("hanging_toy", make_hanging_toy)
+register_env("stalling_toy", make_stalling_toy)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
@@ -288,6 +441,34 @@ def test_a_hung_env_is_named_with_its_stack_and_the_run_stops_cleanly(tmp_path, 
     assert re.search(r"task \d+ 'toy_task_\d+', init state \d+", error), error
     assert "stuck_in_the_simulator" in stderr  # the hung process's own stack, printed by faulthandler
     assert list((train_dir / "hang" / "checkpoints").glob("checkpoint_*.pt"))  # the learner still saved
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()
+
+
+def test_hang_timeout_zero_lets_a_long_silence_pass(tmp_path, train_dir):
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGING_SCRIPT)
+    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=stall", *FAST[1:]]
+    command += ["--env=stalling_toy", "--hang_timeout_sec=0", "--train_for_env_steps=20000"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "env 3 of worker 1 stalls" in result.stderr  # the silence happened
+    assert "sent no report" not in result.stderr
+    assert read_summary(train_dir, "stall")["env_steps"] >= 20000
+
+
+def test_a_hung_inference_worker_is_named_and_the_run_stops_cleanly(train_dir):
+    shm_before = shm_entries()
+    process = start_long_training(train_dir, "frozen", "--hang_timeout_sec=4")
+    children = psutil.Process(process.pid).children(recursive=True)
+    (inference,) = (c for c in children if c.name() == "sfe-inference-0")
+    inference.suspend()  # SIGSTOP: frozen as a process stuck in a driver call would be
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 1, output[-3000:]
+    assert "inference_worker_0 sent no report" in output
+    assert read_summary(train_dir, "frozen")["stop_reason"] == "hung: inference_worker_0"
+    assert list((train_dir / "frozen" / "checkpoints").glob("checkpoint_*.pt"))  # the learner still saved
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -14,6 +15,38 @@ from helpers import read_summary, received_assignments, train_command, write_rec
 from sfengine.checkpoint import load_latest_checkpoint
 from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
+
+# A user script beside the recording script of helpers.py (``recorded.py``, imported from the same directory): its
+# env records assignments like ``recorded_toy``, but task 0's episodes always fail and every other task's succeed.
+TASK_0_FAILS_SCRIPT = textwrap.dedent(
+    """
+    import sys
+
+    import gymnasium as gym
+
+    from recorded import make_recorded_toy
+    from sfengine import register_env
+    from sfengine.train import main
+
+
+    class TaskZeroAlwaysFails(gym.Wrapper):
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            if "success" in info:
+                info = {**info, "success": self.env.unwrapped.task != 0}
+            return obs, reward, terminated, truncated, info
+
+
+    def make_task_0_fails_toy(ctx):
+        return TaskZeroAlwaysFails(make_recorded_toy(ctx))
+
+
+    register_env("task_0_fails_toy", make_task_0_fails_toy)
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
 
 
 def handed_out(start: int, count: int, group_size: int) -> Counter:
@@ -52,19 +85,26 @@ def test_all_workers_and_splits_draw_from_one_exact_sequence_that_resumes(tmp_pa
     assert read_summary(train_dir, "seq")["env_steps"] >= 24_000
 
 
-def test_curriculum_through_the_workers_keeps_each_tasks_init_states_cycling(tmp_path, train_dir):
-    script, logs = tmp_path / "recorded.py", tmp_path / "logs"
-    write_recording_script(script, logs)
-    args = ["--env=recorded_toy", "--num_workers=2", "--num_envs_per_worker=4", "--task_sampling=curriculum"]
+def test_curriculum_through_the_workers_favours_the_failing_task_and_keeps_each_tasks_init_states_cycling(
+    tmp_path, train_dir
+):
+    script, logs = tmp_path / "task_0_fails.py", tmp_path / "logs"
+    write_recording_script(tmp_path / "recorded.py", logs)
+    script.write_text(TASK_0_FAILS_SCRIPT)
+    args = ["--env=task_0_fails_toy", "--num_workers=2", "--num_envs_per_worker=4", "--task_sampling=curriculum"]
     args += ["--batch_size=512", "--num_batches_per_epoch=1", "--train_for_env_steps=8000"]
     command = [sys.executable, str(script), *train_command(train_dir, "curriculum", *args)[3:]]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = received_assignments(logs)
+    resets = Counter(assignment.task for assignment in seen.elements())
+    # The workers report every episode's outcome to the rank's sequence: once task 0's window is full of failures
+    # its weight is 21 against 1 for each other task, so it gets most resets (a quarter if no outcome arrived).
+    assert resets[0] > 0.6 * sum(resets.values())
     for task in range(NUM_TASKS):
         states = Counter({a.init_state: n for a, n in seen.items() if a.task == task})
         draws = sum(states.values())
-        assert draws > 0
+        assert draws > 0  # a task that succeeds is still visited
         # The task's k draws went to init states 0, 1, ..., 4, 0, 1, ...: its first k positions, whatever order
         # the envs reset in.
         assert states == Counter(s % NUM_INIT_STATES for s in range(draws))
