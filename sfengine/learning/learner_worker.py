@@ -75,10 +75,13 @@ class LearnerWorker(Component):
         self.ranks = RankInfo.from_environment()
         self.group = LearnerGroup(self.ranks, self.device)
         self.model = ActorCritic(self.obs_spec, self.action_spec, cfg.model).to(self.device)
+        # Train the very weights the inference workers act with first: those the runner published (built from
+        # --seed, or loaded from the checkpoint on resume). A model of this process's own would be another policy,
+        # foreign to the first batches' log-probs and values.
+        self.weights.pull(self.model)
         self.trainer = PPOTrainer(self.model, cfg, self.group)
         self.env_steps, self.version = 0, 0
         if self.resume_state is not None:
-            self.model.load_state_dict(self.resume_state["model"])
             self.trainer.optimizer.load_state_dict(self.resume_state["optimizer"])
             self.env_steps = int(self.resume_state["env_steps"])
             self.version = int(self.resume_state["policy_version"])

@@ -123,23 +123,28 @@ class ActorCritic(nn.Module):
                 features += cfg.hidden_sizes[-1]
             self.encoders[key] = encoder
         self.value_head = nn.Linear(features, 1)
-        self.state_dependent_std = cfg.continuous_log_std == "state_dependent"
+        self.state_dependent_std = not action_spec.discrete and cfg.continuous_log_std == "state_dependent"
         if action_spec.discrete:
             self.policy_head = nn.Linear(features, action_spec.num_actions)
+        elif self.state_dependent_std:
+            self.policy_head = nn.Linear(features, 2 * action_spec.dim)  # mean, then log-std
         else:
-            out = action_spec.dim * (2 if self.state_dependent_std else 1)
-            self.policy_head = nn.Linear(features, out)
+            self.policy_head = nn.Linear(features, action_spec.dim)
             self.log_std = nn.Parameter(torch.full((action_spec.dim,), cfg.initial_log_std))
-        self._init_weights()
+        self._init_weights(cfg.initial_log_std)
 
-    def _init_weights(self) -> None:
+    def _init_weights(self, initial_log_std: float) -> None:
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 nn.init.orthogonal_(module.weight, gain=math.sqrt(2))
                 nn.init.zeros_(module.bias)
-        # Small policy output: a near-uniform (or unit-variance) first policy explores evenly.
+        # Small policy output: a near-uniform first policy, or a Gaussian whose log-std is initial_log_std in every
+        # state (state-dependent: through the log-std half of the head's bias, its weights start near zero).
         nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
         nn.init.orthogonal_(self.value_head.weight, gain=1.0)
+        if self.state_dependent_std:
+            with torch.no_grad():
+                self.policy_head.bias[self.action_spec.dim :] = initial_log_std
 
     def for_inference(self, dtype: torch.dtype) -> ActorCritic:
         """Make this copy an inference copy whose CNN encoders compute in ``dtype`` (bfloat16 cuts their CPU

@@ -1,13 +1,11 @@
 """The agent learns: thresholds on summary.json within a bounded number of env steps.
 
 Each run takes 20-60 s on 2 cores. Thresholds leave margin below what the presets reach (CartPole: 500 by
-~150k steps; Pendulum: about -200 by 260k steps, against about -1200 for a random policy).
+~150k steps; Pendulum: about -200 by 300k steps, against about -1200 for a random policy; asserted: -400).
 """
 
 from __future__ import annotations
 
-import gymnasium as gym
-import numpy as np
 import pytest
 
 from helpers import read_summary, run_train
@@ -39,27 +37,13 @@ def test_synchronous_mode_is_on_policy_and_learns(train_dir):
     assert summary["episode_return_mean"] >= 400, summary
 
 
-def random_pendulum_return(episodes: int = 20) -> float:
-    env = gym.make("Pendulum-v1")
-    env.action_space.seed(0)
-    returns = []
-    for i in range(episodes):
-        env.reset(seed=i)
-        total, done = 0.0, False
-        while not done:
-            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
-            total += reward
-            done = terminated or truncated
-        returns.append(total)
-    return float(np.mean(returns))
-
-
-def test_pendulum_box_actions_improve_clearly_over_random(train_dir):
-    baseline = random_pendulum_return()
+def test_pendulum_box_actions_reach_minus_400_within_300k_steps(train_dir):
     result = run_train(train_dir, "pendulum", "--cfg=pendulum", "--train_for_env_steps=300000")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "pendulum")
-    assert summary["episode_return_mean"] >= baseline + 600, (baseline, summary)
+    # A random policy scores about -1200. The preset swings the pendulum up and holds it (about -200 today); a
+    # regression that only halves its quality still fails here.
+    assert summary["episode_return_mean"] >= -400, summary
 
 
 @pytest.mark.parametrize("inference_dtype", ["float32", "bfloat16"])

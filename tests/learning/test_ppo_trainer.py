@@ -1,0 +1,146 @@
+"""PPOTrainer.train on a hand-built batch: the update the learner worker runs, checked without the engine.
+
+The batch is a two-armed bandit seen through a 3-dim observation: every step is an episode of its own, arm 0 pays
+1 and arm 1 pays 0, so the advantage of arm 0 is positive wherever it was taken.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sfengine.algo import gae
+from sfengine.buffers import TrajectoryBuffers
+from sfengine.config import Config
+from sfengine.learning.ppo_trainer import PPOTrainer
+from sfengine.models.actor_critic import ActorCritic
+from sfengine.spaces import ActionSpec, ObsSpec
+
+NUM_TRAJECTORIES, HORIZON = 8, 16
+OBS_SPEC = ObsSpec({"obs": (3,)}, {"obs": torch.float32})
+ACTION_SPEC = ActionSpec(discrete=True, num_actions=2)
+LEARNER_VERSION = 10
+BOOTSTRAP_OBS = 1000.0  # far from every real observation, so statistics that include it are visibly off
+
+
+def make_trainer(**learner_options) -> PPOTrainer:
+    cfg = Config()
+    cfg.learner.batch_size, cfg.learner.num_batches_per_epoch, cfg.learner.num_epochs = 32, 4, 3
+    cfg.learner.learning_rate = 3e-3
+    cfg.run.train_for_env_steps = 1000
+    for name, value in learner_options.items():
+        setattr(cfg.learner, name, value)
+    torch.manual_seed(0)
+    return PPOTrainer(ActorCritic(OBS_SPEC, ACTION_SPEC, cfg.model), cfg)
+
+
+def bandit_batch() -> TrajectoryBuffers:
+    generator = torch.Generator().manual_seed(1)
+    batch = TrajectoryBuffers.allocate(NUM_TRAJECTORIES, HORIZON, OBS_SPEC, ACTION_SPEC, shared=False)
+    batch.obs["obs"][:] = 5.0 + 2.0 * torch.randn(NUM_TRAJECTORIES, HORIZON + 1, 3, generator=generator)
+    # Entry T is the bootstrap observation: it is the next batch's step 0, never a step of this one.
+    batch.obs["obs"][:, HORIZON] = BOOTSTRAP_OBS
+    batch.actions[:] = torch.randint(0, 2, (NUM_TRAJECTORIES, HORIZON + 1), generator=generator)
+    batch.log_probs[:] = math.log(0.5)  # the first policy is near uniform
+    batch.rewards[:] = (batch.actions == 0).float()
+    batch.terminated[:] = True
+    # Acted by versions LEARNER_VERSION - 3 .. LEARNER_VERSION: lags 0 to 3.
+    batch.versions[:] = LEARNER_VERSION - torch.arange(HORIZON + 1) % 4
+    return batch
+
+
+def arm_zero_probability(model: ActorCritic, batch: TrajectoryBuffers) -> float:
+    with torch.no_grad():
+        logits, _ = model({"obs": batch.obs["obs"][:, :HORIZON].reshape(-1, 3)})
+    return float(torch.softmax(logits, -1)[:, 0].mean())
+
+
+def test_train_takes_num_epochs_times_num_batches_per_epoch_steps_over_every_sample():
+    trainer, batch = make_trainer(), bandit_batch()
+    steps, rows_seen = [], []
+    step, forward = trainer.optimizer.step, trainer.model.forward
+    # Spies: they count, then call the real method.
+    trainer.optimizer.step = lambda *args, **kwargs: (steps.append(1), step(*args, **kwargs))[1]
+    trainer.model.forward = lambda obs: (rows_seen.append(len(obs["obs"])), forward(obs))[1]
+    trainer.train(batch, LEARNER_VERSION, env_steps=0)
+    assert len(steps) == 3 * 4
+    # Every minibatch is a quarter of the T real steps of all trajectories; the bootstrap entry is never a sample.
+    assert rows_seen == [NUM_TRAJECTORIES * HORIZON // 4] * 12
+
+
+def test_the_policy_moves_toward_the_positive_advantage_action_and_the_critic_toward_the_returns():
+    trainer, batch = make_trainer(learning_rate=1e-2), bandit_batch()
+    real_obs = {"obs": batch.obs["obs"][:, :HORIZON].reshape(-1, 3)}
+    returns = 0.1 * batch.rewards[:, :HORIZON].reshape(-1)  # reward_scale 0.1, no future: each step is an episode
+
+    def value_error() -> float:
+        with torch.no_grad():
+            return float((trainer.model(real_obs)[1] - returns).pow(2).mean())
+
+    before, error_before = arm_zero_probability(trainer.model, batch), value_error()
+    trainer.train(batch, LEARNER_VERSION, env_steps=0)
+    assert abs(before - 0.5) < 0.02
+    assert arm_zero_probability(trainer.model, batch) > 0.6
+    assert value_error() < 0.5 * error_before
+
+
+def test_observation_normalizer_learns_from_the_real_steps_only_not_the_bootstrap_entry():
+    trainer, batch = make_trainer(), bandit_batch()
+    trainer.train(batch, LEARNER_VERSION, env_steps=0)
+    normalizer = trainer.model.normalizers["obs"]
+    real_steps = batch.obs["obs"][:, :HORIZON].reshape(-1, 3)
+    # The prior count (1e-4) weighs nothing next to 128 samples.
+    assert torch.allclose(normalizer.mean, real_steps.mean(0), rtol=1e-4)
+    assert torch.allclose(normalizer.var, real_steps.var(0, correction=0), rtol=1e-3)
+    assert float(normalizer.count) == pytest.approx(NUM_TRAJECTORIES * HORIZON, abs=1e-3)
+
+
+@pytest.mark.parametrize(("env_steps", "fraction"), [(0, 1.0), (250, 0.75), (1000, 0.0), (5000, 0.0)])
+def test_linear_schedule_decays_the_learning_rate_to_zero_at_train_for_env_steps(env_steps, fraction):
+    trainer = make_trainer(lr_schedule="linear")
+    stats = trainer.train(bandit_batch(), LEARNER_VERSION, env_steps=env_steps)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(3e-3 * fraction)
+    assert stats["learning_rate"] == pytest.approx(3e-3 * fraction)
+
+
+def test_constant_schedule_keeps_the_learning_rate():
+    trainer = make_trainer()
+    stats = trainer.train(bandit_batch(), LEARNER_VERSION, env_steps=900)
+    assert trainer.optimizer.param_groups[0]["lr"] == stats["learning_rate"] == pytest.approx(3e-3)
+
+
+def test_stats_report_every_loss_and_diagnostic_as_a_finite_number():
+    stats = make_trainer().train(bandit_batch(), LEARNER_VERSION, env_steps=0)
+    expected = {"loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"}
+    expected |= {"policy_lag_mean", "policy_lag_max", "explained_variance", "learning_rate"}
+    expected |= {"value_mean", "advantage_mean"}
+    assert expected <= set(stats), expected - set(stats)
+    assert all(math.isfinite(value) for value in stats.values()), stats
+    # Lags 0, 1, 2, 3 in turn over the 16 real steps (the bootstrap entry's version is not a sample's).
+    assert stats["policy_lag_mean"] == pytest.approx(1.5) and stats["policy_lag_max"] == 3
+    assert stats["approx_kl"] > 0 and stats["entropy"] > 0
+
+
+@pytest.mark.parametrize("reward_scale", [0.1, 2.0])
+def test_advantages_are_gae_of_the_scaled_rewards(reward_scale):
+    batch = bandit_batch()
+    # Episodes that run on across steps and end both ways, so GAE here is more than reward minus value.
+    generator = torch.Generator().manual_seed(2)
+    batch.values[:] = torch.randn(NUM_TRAJECTORIES, HORIZON + 1, generator=generator)
+    batch.truncation_values[:] = torch.randn(NUM_TRAJECTORIES, HORIZON + 1, generator=generator)
+    batch.terminated[:] = torch.rand(NUM_TRAJECTORIES, HORIZON + 1, generator=generator) < 0.1
+    batch.truncated[:] = ~batch.terminated & (torch.rand(NUM_TRAJECTORIES, HORIZON + 1, generator=generator) < 0.1)
+    stats = make_trainer(reward_scale=reward_scale).train(batch, LEARNER_VERSION, env_steps=0)
+    steps = slice(0, HORIZON)
+    advantages, _ = gae(
+        batch.rewards[:, steps] * reward_scale,
+        batch.values,
+        batch.terminated[:, steps],
+        batch.truncated[:, steps],
+        batch.truncation_values[:, steps],
+        gamma=0.99,
+        gae_lambda=0.95,
+    )
+    assert stats["advantage_mean"] == pytest.approx(float(advantages.mean()), rel=1e-5)
