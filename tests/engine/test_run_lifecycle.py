@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,13 +32,36 @@ def wait_for_training(process: subprocess.Popen, timeout: float = 120) -> None:
     raise AssertionError(f"the run ended early with code {process.wait()}")
 
 
+STARTED: list[subprocess.Popen] = []  # runs started in the background by the current test
+
+
+@pytest.fixture(autouse=True)
+def no_run_outlives_its_test():
+    """A test that fails half-way (a timeout, an assertion) must not leave a run and its workers behind."""
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        try:
+            tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for member in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+        psutil.wait_procs(tree, timeout=10)
+
+
+def start(command: list[str], **popen) -> subprocess.Popen:
+    STARTED.append(subprocess.Popen(command, text=True, **popen))
+    return STARTED[-1]
+
+
 def start_long_training(train_dir, experiment: str, *args: str, **popen) -> subprocess.Popen:
     """Start a run that would go on for a long time, and return once the learner has trained."""
-    process = subprocess.Popen(
+    process = start(
         train_command(train_dir, experiment, *FAST, "--train_for_env_steps=100000000", *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
         **popen,
     )
     wait_for_training(process)
@@ -441,7 +465,7 @@ def test_a_hung_env_is_named_with_its_stack_and_the_run_stops_cleanly(tmp_path, 
     command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=hang", *FAST[1:]]
     command += ["--env=hanging_toy", "--hang_timeout_sec=8", "--train_for_env_steps=100000000"]
     started = time.time()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     children = []
     while not children and process.poll() is None:
         time.sleep(0.5)
