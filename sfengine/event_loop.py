@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import multiprocessing
+import os
 import signal
 from collections.abc import Callable, Iterable
 from queue import Full
@@ -67,6 +68,7 @@ class EngineProcess(EventLoopProcess):
         EventLoopObject.__init__(self, self.event_loop, name)
 
     def _target(self):
+        die_with_parent()
         ignore_interrupts()
         set_process_title(self.name)
         configure_logging()
@@ -82,6 +84,22 @@ def configure_logging() -> None:
     rank = f"[rank {ranks.rank}]" if ranks.world_size > 1 else ""
     logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][%(process)d]{rank} %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("signal_slot").setLevel(logging.WARNING)
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this component when the runner dies (Linux). Components ignore SIGINT and SIGTERM
+    and wait on each other, so without this a runner killed by SIGKILL or the OOM killer would leave them running
+    forever, each spinning on its event loop."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(1)  # the runner died before the request above took effect
 
 
 def set_process_title(name: str) -> None:
