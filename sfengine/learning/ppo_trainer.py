@@ -42,7 +42,6 @@ class PPOTrainer:
         if cfg.reward_clip > 0:
             rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
         episode_ends = (batch.terminated[:, steps], batch.truncated[:, steps], batch.truncation_values[:, steps])
-        self.model.update_normalizers({key: obs[:, steps] for key, obs in batch.obs.items()}, self.group.sum)
 
         # Flat views of the T real steps: sample i = (trajectory i // T, step i % T).
         flat_obs = {key: obs[:, steps].reshape(num_traj * horizon, *obs.shape[2:]) for key, obs in batch.obs.items()}
@@ -88,6 +87,9 @@ class PPOTrainer:
                     sums[name] = sums.get(name, 0.0) + float(value.detach())
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
 
+        # The observation statistics move only after the update: during it the model sees its inputs as the acting
+        # policy saw them, so an on-policy update starts at ratio 1 and its value anchors are the critic's own.
+        self.model.update_normalizers({key: obs[:, steps] for key, obs in batch.obs.items()}, self.group.sum)
         num_updates = cfg.num_epochs * num_minibatches
         stats = {name: total / num_updates for name, total in sums.items()}
         lag = (learner_version - batch.versions[:, steps]).float()

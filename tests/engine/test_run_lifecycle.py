@@ -13,11 +13,15 @@ import textwrap
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import psutil
 import pytest
 import torch
 
 from helpers import leaked_shm, read_summary, run_train, shm_entries, train_command
+from sfengine.config import parse_config
+from sfengine.spaces import action_spec_from_space, obs_spec_from_space
+from sfengine.train import build_model
 
 FAST = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=4", "--worker_num_splits=2"]
 
@@ -108,6 +112,24 @@ def test_sigint_saves_a_checkpoint_and_leaves_no_process_or_shared_memory(train_
     assert result.returncode == 0, result.stderr
     assert "raise it to train further" in result.stdout
     assert latest_checkpoint(train_dir / "interrupted") == before and before.stat().st_mtime_ns == mtime
+
+
+def test_the_learner_starts_from_the_weights_the_inference_workers_act_with(train_dir):
+    # Sampling only (--benchmark): the learner never updates, so its checkpoint holds the weights it started from.
+    # They must be the seeded model the runner published as version 0, which the inference workers pull and act
+    # with; a model of the learner's own would make the first batches' log-probs and values foreign to it.
+    args = [*FAST, "--benchmark=true", "--train_for_env_steps=4096"]
+    result = run_train(train_dir, "same", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = torch.load(latest_checkpoint(train_dir / "same"), weights_only=True)
+    assert saved["policy_version"] == 0
+    cfg = parse_config([*args, f"--train_dir={train_dir}", "--experiment=same"])
+    env = gym.make("CartPole-v1")
+    acting = build_model(
+        cfg, obs_spec_from_space(env.observation_space), action_spec_from_space(env.action_space), None
+    )
+    for name, tensor in acting.state_dict().items():
+        assert torch.equal(saved["model"][name], tensor), name
 
 
 def latest_checkpoint(experiment_dir) -> Path:

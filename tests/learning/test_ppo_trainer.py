@@ -14,6 +14,7 @@ import torch
 from sfengine.algo import gae
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
+from sfengine.learning import ppo_trainer
 from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
@@ -73,6 +74,8 @@ def test_train_takes_num_epochs_times_num_batches_per_epoch_steps_over_every_sam
 def test_the_policy_moves_toward_the_positive_advantage_action_and_the_critic_toward_the_returns():
     trainer, batch = make_trainer(learning_rate=1e-2), bandit_batch()
     real_obs = {"obs": batch.obs["obs"][:, :HORIZON].reshape(-1, 3)}
+    # Statistics as a run has them after its first batches, so the update's own statistics step moves them little.
+    trainer.model.update_normalizers(real_obs)
     returns = 0.1 * batch.rewards[:, :HORIZON].reshape(-1)  # reward_scale 0.1, no future: each step is an episode
 
     def value_error() -> float:
@@ -144,3 +147,25 @@ def test_advantages_are_gae_of_the_scaled_rewards(reward_scale):
         gae_lambda=0.95,
     )
     assert stats["advantage_mean"] == pytest.approx(float(advantages.mean()), rel=1e-5)
+
+
+def test_an_on_policy_update_starts_at_ratio_one(monkeypatch):
+    # The batch is acted by the trainer's own weights, as with --async_rl=false. Its observations (mean 5) are far
+    # from the normaliser's start (mean 0): statistics moved before the update would change what the policy sees.
+    trainer, batch = make_trainer(), bandit_batch()
+    with torch.no_grad():
+        acted = trainer.model.act({"obs": batch.obs["obs"].reshape(-1, 3)})
+    batch.actions[:] = acted.actions.view(NUM_TRAJECTORIES, HORIZON + 1)
+    batch.log_probs[:] = acted.log_probs.view(NUM_TRAJECTORIES, HORIZON + 1)
+    batch.values[:] = acted.values.view(NUM_TRAJECTORIES, HORIZON + 1)
+    ratios = []
+    real_loss = ppo_trainer.ppo_loss
+
+    def recording_loss(log_probs, old_log_probs, *args, **kwargs):  # a spy: records, then computes the real loss
+        ratios.append((log_probs - old_log_probs).detach().exp())
+        return real_loss(log_probs, old_log_probs, *args, **kwargs)
+
+    monkeypatch.setattr(ppo_trainer, "ppo_loss", recording_loss)
+    trainer.train(batch, LEARNER_VERSION, env_steps=0)
+    assert torch.allclose(ratios[0], torch.ones_like(ratios[0]), rtol=0, atol=1e-6), ratios[0]
+    assert not torch.allclose(ratios[-1], torch.ones_like(ratios[-1]), atol=1e-3)  # and the update moved on

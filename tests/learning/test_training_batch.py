@@ -199,9 +199,9 @@ def test_with_vtrace_the_learner_trains_on_vtrace_targets_not_gae(training_run):
     rewards = batch.rewards[:, steps] * learner_cfg.reward_scale
     episode_ends = (batch.terminated[:, steps], batch.truncated[:, steps], batch.truncation_values[:, steps])
     gae_advantages, gae_returns = gae(rewards, batch.values, *episode_ends, learner_cfg.gamma, learner_cfg.gae_lambda)
-    # V-trace re-evaluates the whole batch with the learner's policy and critic, after its normaliser update.
+    # V-trace re-evaluates the whole batch with the learner's policy and critic as published (the observation
+    # statistics move only after the update).
     learner = training_run.policy(version)
-    learner.update_normalizers({"obs": batch.obs["obs"][:, steps]})
     with torch.no_grad():
         params, values = learner({"obs": batch.obs["obs"].flatten(0, 1)})
         log_probs, _ = learner.log_prob_entropy(params, batch.actions.flatten(0, 1))
