@@ -5,6 +5,8 @@ registration: ``--env=CartPole-v1`` works as it is.
 
 - ``image_bandit``: a dict observation (16x16 uint8 image + vector) whose answer is only in the image.
 - ``multitask_toy``: 4 tasks x 5 init states, for the task scheduling machinery.
+- ``sparse_reach``: a 2-dim continuous reach with a sparse 0/1 success reward (learning must not depend on the
+  reward's scale).
 - ``synthetic``: a fixed CPU cost per step and a configurable observation, to measure the engine's overhead.
 - ``libero_spatial``, ``libero_object``, ``libero_goal``, ``libero_10``, ``libero_90``: LIBERO suites (needs the
   ``libero`` extra: ``pip install -e '.[libero]'``; LIBERO is imported only when such an env is built).
@@ -16,10 +18,12 @@ from sfengine.env_registry import register_env
 from sfengine_envs.image_bandit import make_image_bandit
 from sfengine_envs.libero_suite import SUITE_STEP_LIMITS, make_libero_env, size_libero
 from sfengine_envs.multitask_toy import make_multitask_toy
+from sfengine_envs.sparse_reach import make_sparse_reach
 from sfengine_envs.synthetic import make_synthetic
 
 register_env("image_bandit", make_image_bandit)
 register_env("multitask_toy", make_multitask_toy)
+register_env("sparse_reach", make_sparse_reach)
 register_env("synthetic", make_synthetic)
 for suite in SUITE_STEP_LIMITS:
     register_env(suite, partial(make_libero_env, suite), sizer=size_libero)

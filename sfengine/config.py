@@ -99,7 +99,10 @@ class LearnerConfig:
     entropy_coeff: float = option(0.003, "weight of the entropy bonus")
     max_grad_norm: float = option(4.0, "gradient norm clip (0: off)")
     normalize_advantage: bool = option(True, "normalise advantages per minibatch")
-    reward_scale: float = option(0.1, "multiply rewards by this before learning (stats keep the raw reward)")
+    reward_scale: float = option(
+        1.0,
+        "multiply rewards by this before learning (stats keep the raw reward); rarely needed with --normalize_returns",
+    )
     reward_clip: float = option(0.0, "clip scaled rewards to [-x, x] (0: off)")
     with_vtrace: bool = option(False, "correct policy lag with V-trace instead of GAE")
     vtrace_rho: float = option(1.0, "V-trace importance-weight clip for the value targets")
@@ -119,6 +122,17 @@ class ModelConfig:
         ("state_independent", "state_dependent"),
     )
     initial_log_std: float = option(0.0, "initial log-std of the Gaussian head")
+    actor_critic: str = option(
+        "shared",
+        "shared: one encoder feeds the policy and value heads; separate: the critic has encoders of its own, so a "
+        "large value loss cannot take over the policy's features (the reference PPOs' choice for continuous control)",
+        ("shared", "separate"),
+    )
+    normalize_returns: bool = option(
+        True,
+        "the critic learns returns scaled by their running mean and std, so no env needs a hand-set --reward_scale "
+        "(sparse 0/1 successes and returns of thousands alike); the value clip is then in units of that std",
+    )
 
 
 @dataclass

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import socket
 
+import pytest
 import torch
 
 from sfengine.config import ModelConfig
@@ -35,8 +36,12 @@ def rank_main(rank: int, port: int, results) -> None:
     group.average_gradients(model)
     grads = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
     model.update_normalizers({"obs": obs}, group.sum)
+    # Rank 0's returns are all 0, rank 1's all 4: merged, mean 2 and std 2, and the same value head on both ranks.
+    model.update_return_normalizer(torch.full((6,), 4.0 * rank), group.sum)
+    return_stats = model.return_normalizer.stats
+    returns = (float(return_stats.mean), float(return_stats.var), parameter_checksum(model))
     exchanged = group.exchange(RankBatch(10 + rank, rank == 1, {"position": rank}, after))
-    results.put((rank, before, after, grads, model.normalizers["obs"].mean.clone(), exchanged))
+    results.put((rank, before, after, grads, model.normalizers["obs"].mean.clone(), returns, exchanged))
     group.close()
 
 
@@ -49,13 +54,16 @@ def test_two_ranks_share_weights_gradients_normalisers_and_news():
     by_rank = dict((r[0], r[1:]) for r in (results.get(timeout=120) for _ in processes))
     for process in processes:
         process.join(30)
-    (before0, after0, grads0, mean0, news0), (before1, after1, grads1, mean1, news1) = by_rank[0], by_rank[1]
+    (before0, after0, grads0, mean0, returns0, news0) = by_rank[0]
+    (before1, after1, grads1, mean1, returns1, news1) = by_rank[1]
     assert before0 != before1  # the ranks started apart
     assert after0 == after1 == before0  # rank 0's weights everywhere
     torch.testing.assert_close(grads0, grads1)
     # Each rank's observations are all 1.0 or all 2.0: the merged normaliser sees their mean, 1.5.
     torch.testing.assert_close(mean0, mean1)
     torch.testing.assert_close(mean0, torch.full((3,), 1.5), atol=1e-3, rtol=0)
+    assert returns0 == returns1
+    assert returns0[0] == pytest.approx(2.0, abs=1e-3) and returns0[1] == pytest.approx(4.0, abs=1e-3)
     assert [n.samples for n in news0] == [n.samples for n in news1] == [10, 11]
     assert [n.stop_requested for n in news0] == [False, True]
     assert [n.task_sequence["position"] for n in news1] == [0, 1]

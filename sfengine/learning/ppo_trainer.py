@@ -54,9 +54,14 @@ class PPOTrainer:
 
         sums: dict[str, float] = {}
         num_minibatches = cfg.num_batches_per_epoch
-        for _ in range(cfg.num_epochs):
+        for epoch in range(cfg.num_epochs):
             if cfg.with_vtrace:
                 advantages, returns = self._vtrace_targets(batch, rewards, episode_ends)
+            if epoch == 0:
+                # The return statistics include this batch's targets before the critic fits them (a first success
+                # after a run of failures is then not thousands of stds away); the value head is rescaled with
+                # them, so no prediction moves.
+                self.model.update_return_normalizer(returns, self.group.sum)
             flat_advantages, flat_returns = advantages.reshape(-1), returns.reshape(-1)
             order = torch.randperm(num_traj * horizon)
             for idx in order.chunk(num_minibatches):
@@ -65,13 +70,15 @@ class PPOTrainer:
                 minibatch_advantages = flat_advantages[idx]
                 if cfg.normalize_advantage:
                     minibatch_advantages = normalize_advantages(minibatch_advantages)
+                # The critic's loss and its clip are in normalised return units (plain units without normalisation).
+                normalized = self.model.normalized_values
                 losses = ppo_loss(
                     log_probs,
                     old_log_probs[idx],
                     minibatch_advantages,
-                    values,
-                    old_values[idx],
-                    flat_returns[idx],
+                    normalized(values),
+                    normalized(old_values[idx]),
+                    normalized(flat_returns[idx]),
                     entropy,
                     clip_ratio=cfg.ppo_clip_ratio,
                     value_clip=cfg.ppo_clip_value or None,

@@ -2,7 +2,10 @@
 
     obs["image"] (uint8 HxWxC) --CNN--+
     obs["state"] (float D)   --MLP----+--concat--> policy head (categorical logits | Gaussian mean, log-std)
-                                               +--> value head
+                                               +--> value head --> x std + mean of the returns (if normalised)
+
+With ``--actor_critic=separate`` the value head has encoders of its own (the same architecture), so a large value
+loss cannot take over the features the policy reads; the observation normalisers are shared either way.
 
 Continuous actions: the Gaussian is unbounded. The sample and its log-prob are what the learner trains on;
 the env receives the sample clipped to the Box bounds (clipping, not tanh squashing, keeps the log-prob exact
@@ -60,6 +63,50 @@ class RunningMeanStd(nn.Module):
         return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip)
 
 
+class ReturnNormalizer(nn.Module):
+    """Running mean and std of the discounted returns (the value targets), so the critic learns in units of
+    their spread whatever the reward's scale: returns of thousands and sparse 0/1 successes alike.
+
+    The value head predicts normalised values; ``denormalize`` turns them into returns, which is what the model
+    outputs, the inference workers write and GAE consumes. When the statistics move, ``update`` rescales the value
+    head so that its outputs in return units stay exactly what they were (the output-preserving step of PopArt,
+    van Hasselt et al. 2016): an update of the statistics never makes the critic's predictions jump. The first
+    update is the exception: the untrained head is read in the first returns' units.
+    """
+
+    MIN_STD = 1e-2  # while every return seen is the same (a sparse task before its first success), the std is 0
+
+    def __init__(self):
+        super().__init__()
+        self.stats = RunningMeanStd(1, clip=math.inf)
+
+    def std(self) -> Tensor:
+        return self.stats.var.sqrt().clamp_min(self.MIN_STD)
+
+    def normalize(self, returns: Tensor) -> Tensor:
+        return (returns - self.stats.mean) / self.std()
+
+    def denormalize(self, values: Tensor) -> Tensor:
+        return values * self.std() + self.stats.mean
+
+    @torch.no_grad()
+    def update(
+        self, returns: Tensor, value_head: nn.Linear, sum_over_ranks: Callable[[Tensor], Tensor] | None = None
+    ) -> None:
+        first = float(self.stats.count) < 1.0  # only the prior so far
+        old_mean, old_std = self.stats.mean.clone(), self.std()
+        self.stats.update(returns.reshape(-1, 1), sum_over_ranks)
+        if first:
+            # The untrained head's outputs mean nothing yet: read them in the first returns' units, so its initial
+            # noise is as large, relative to the returns, at every reward scale.
+            return
+        new_mean, new_std = self.stats.mean, self.std()
+        # raw = w.x * std + mean must stay the same: w' = w * old_std / new_std, b' = (b * old_std + old_mean -
+        # new_mean) / new_std.
+        value_head.weight.mul_(old_std / new_std)
+        value_head.bias.copy_((value_head.bias * old_std + old_mean - new_mean) / new_std)
+
+
 def mlp(sizes: list[int], activation: type[nn.Module]) -> nn.Sequential:
     layers: list[nn.Module] = []
     for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
@@ -108,21 +155,16 @@ class ActorCritic(nn.Module):
         self.obs_spec, self.action_spec = obs_spec, action_spec
         activation = ACTIVATIONS[cfg.activation]
         self.keys = sorted(obs_spec.shapes)
-        self.encoders = nn.ModuleDict()
         self.normalizers = nn.ModuleDict()
-        features = 0
-        for key in self.keys:
-            shape = obs_spec.shapes[key]
-            if obs_spec.is_image(key):
-                encoder = CNNEncoder(shape, activation)
-                features += encoder.out_dim
-            else:
-                if cfg.normalize_input:
-                    self.normalizers[key] = RunningMeanStd(shape[0])
-                encoder = mlp([shape[0], *cfg.hidden_sizes], activation)
-                features += cfg.hidden_sizes[-1]
-            self.encoders[key] = encoder
+        if cfg.normalize_input:
+            for key in self.keys:
+                if not obs_spec.is_image(key):
+                    self.normalizers[key] = RunningMeanStd(obs_spec.shapes[key][0])
+        self.encoders, features = self._build_encoders(cfg, activation)
+        # Separate: the critic's own encoders. Shared: the value head reads the policy's features.
+        self.value_encoders = self._build_encoders(cfg, activation)[0] if cfg.actor_critic == "separate" else None
         self.value_head = nn.Linear(features, 1)
+        self.return_normalizer = ReturnNormalizer() if cfg.normalize_returns else None
         self.state_dependent_std = not action_spec.discrete and cfg.continuous_log_std == "state_dependent"
         if action_spec.discrete:
             self.policy_head = nn.Linear(features, action_spec.num_actions)
@@ -132,6 +174,19 @@ class ActorCritic(nn.Module):
             self.policy_head = nn.Linear(features, action_spec.dim)
             self.log_std = nn.Parameter(torch.full((action_spec.dim,), cfg.initial_log_std))
         self._init_weights(cfg.initial_log_std)
+
+    def _build_encoders(self, cfg: ModelConfig, activation: type[nn.Module]) -> tuple[nn.ModuleDict, int]:
+        """One encoder per observation key, and the width of their concatenated features."""
+        encoders, features = nn.ModuleDict(), 0
+        for key in self.keys:
+            shape = self.obs_spec.shapes[key]
+            if self.obs_spec.is_image(key):
+                encoders[key] = CNNEncoder(shape, activation)
+                features += encoders[key].out_dim
+            else:
+                encoders[key] = mlp([shape[0], *cfg.hidden_sizes], activation)
+                features += cfg.hidden_sizes[-1]
+        return encoders, features
 
     def _init_weights(self, initial_log_std: float) -> None:
         for module in self.modules():
@@ -153,9 +208,10 @@ class ActorCritic(nn.Module):
         written for the learner are those of this copy, the policy that acted, so PPO's ratio and V-trace stay
         exact; the copy differs from the learner's float32 policy by bf16 rounding, like a tiny policy lag.
         ``load_state_dict`` and ``copy_`` of float32 weights into it cast them."""
-        for encoder in self.encoders.values():
-            if isinstance(encoder, CNNEncoder):
-                encoder.to(dtype=dtype, memory_format=torch.channels_last)
+        for encoders in (self.encoders, self.value_encoders or {}):
+            for encoder in encoders.values():
+                if isinstance(encoder, CNNEncoder):
+                    encoder.to(dtype=dtype, memory_format=torch.channels_last)
         return self
 
     def update_normalizers(
@@ -164,16 +220,29 @@ class ActorCritic(nn.Module):
         for key, normalizer in self.normalizers.items():
             normalizer.update(obs[key], sum_over_ranks)
 
+    def update_return_normalizer(
+        self, returns: Tensor, sum_over_ranks: Callable[[Tensor], Tensor] | None = None
+    ) -> None:
+        if self.return_normalizer is not None:
+            self.return_normalizer.update(returns, self.value_head, sum_over_ranks)
+
+    def normalized_values(self, values: Tensor) -> Tensor:
+        """Values or returns in the units the critic learns in (unchanged without return normalisation)."""
+        return values if self.return_normalizer is None else self.return_normalizer.normalize(values)
+
     def forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """obs: dict of [N, ...] tensors -> (policy parameters [N, P], values [N])."""
-        parts = []
-        for key in self.keys:
-            x = obs[key]
-            if key in self.normalizers:
-                x = self.normalizers[key](x)
-            parts.append(self.encoders[key](x))
-        features = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-        return self.policy_head(features), self.value_head(features).squeeze(-1)
+        """obs: dict of [N, ...] tensors -> (policy parameters [N, P], values [N] in return units)."""
+        inputs = {key: self.normalizers[key](obs[key]) if key in self.normalizers else obs[key] for key in self.keys}
+        features = self._encode(self.encoders, inputs)
+        value_features = features if self.value_encoders is None else self._encode(self.value_encoders, inputs)
+        values = self.value_head(value_features).squeeze(-1)
+        if self.return_normalizer is not None:
+            values = self.return_normalizer.denormalize(values)
+        return self.policy_head(features), values
+
+    def _encode(self, encoders: nn.ModuleDict, inputs: dict[str, Tensor]) -> Tensor:
+        parts = [encoders[key](inputs[key]) for key in self.keys]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def _mean_log_std(self, params: Tensor) -> tuple[Tensor, Tensor]:
         if self.state_dependent_std:

@@ -2,6 +2,7 @@
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 from sfengine.config import ModelConfig
@@ -128,3 +129,63 @@ def test_state_dependent_std_depends_on_the_state_and_matches_a_normal():
     two_states = params[torch.stack([log_std[:, 0].argmin(), log_std[:, 0].argmax()])]
     draws = model.sample(two_states.repeat_interleave(DRAWS // 2, 0))[0].view(2, DRAWS // 2, 2)
     assert torch.allclose(draws.std(1), two_states.chunk(2, dim=-1)[1].exp(), rtol=0.02)
+
+
+def test_return_statistics_are_the_moments_of_every_return_seen():
+    model = make_model(gym.spaces.Discrete(2))
+    generator = torch.Generator().manual_seed(5)
+    batches = [300.0 + 40.0 * torch.randn(8, 16, generator=generator) for _ in range(3)]
+    for returns in batches:
+        model.update_return_normalizer(returns)
+    seen = torch.cat([b.reshape(-1) for b in batches]).double()
+    stats = model.return_normalizer.stats
+    assert float(stats.mean) == pytest.approx(float(seen.mean()), rel=1e-5)
+    assert float(stats.var) == pytest.approx(float(seen.var(correction=0)), rel=1e-4)
+    # In the critic's units those returns have zero mean and unit std, whatever their own scale.
+    normalized = model.normalized_values(seen.float())
+    assert float(normalized.mean()) == pytest.approx(0.0, abs=1e-3)
+    assert float(normalized.std(correction=0)) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_moving_the_return_statistics_leaves_every_value_prediction_unchanged():
+    torch.manual_seed(6)
+    model = make_model(gym.spaces.Discrete(2))
+    obs = {"obs": torch.randn(32, 4)}
+    model.update_return_normalizer(torch.randn(64))  # the first update sets the units of the untrained head
+    for returns in (torch.full((64,), 1000.0) + torch.randn(64), 0.01 * torch.rand(64), torch.randn(64) - 50.0):
+        with torch.no_grad():
+            before = model(obs)[1]
+        model.update_return_normalizer(returns)
+        with torch.no_grad():
+            torch.testing.assert_close(model(obs)[1], before, rtol=1e-4, atol=1e-4)
+
+
+def test_constant_returns_keep_the_critic_units_finite():
+    # A sparse task before its first success: every return is 0, so their std is 0.
+    model = make_model(gym.spaces.Discrete(2))
+    model.update_return_normalizer(torch.zeros(256))
+    assert float(model.normalized_values(torch.ones(1))) <= 1.0 / model.return_normalizer.MIN_STD
+
+
+def test_without_return_normalisation_values_are_the_heads_output():
+    model = make_model(gym.spaces.Discrete(2), normalize_returns=False)
+    model.update_return_normalizer(torch.full((8,), 100.0))  # nothing to update
+    obs = {"obs": torch.randn(5, 4)}
+    with torch.no_grad():
+        features = model.encoders["obs"](model.normalizers["obs"](obs["obs"]))
+        torch.testing.assert_close(model(obs)[1], model.value_head(features).squeeze(-1))
+    assert model.normalized_values(torch.tensor([3.0])) == 3.0
+
+
+def test_separate_critic_has_encoders_of_its_own_and_its_loss_leaves_the_policy_untouched():
+    torch.manual_seed(7)
+    model = make_model(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), actor_critic="separate")
+    shared = make_model(gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+    assert model.value_encoders is not None and shared.value_encoders is None
+    obs = {"obs": torch.randn(16, 4)}
+    model(obs)[1].pow(2).sum().backward()
+    # The value loss reaches only the critic: no gradient in the policy's encoder or head.
+    assert all(p.grad is None for p in [*model.encoders.parameters(), *model.policy_head.parameters()])
+    assert all(p.grad is not None for p in model.value_encoders.parameters())
+    shared(obs)[1].pow(2).sum().backward()
+    assert all(p.grad is not None for p in shared.encoders.parameters())

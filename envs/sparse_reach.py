@@ -1,0 +1,57 @@
+"""``sparse_reach``: a continuous task with a sparse 0/1 success reward, shaped like a robot task's RL signal.
+
+A point starts at the origin of the square [-1, 1]^2; a goal lies at distance 0.5 in a random direction. The
+observation is (position, goal); the action (2-dim, in [-1, 1]) moves the point by a tenth of itself. Reaching
+within 0.16 of the goal is success: reward 1, ``info["success"] = True`` and the episode terminates. Otherwise it
+is truncated after 40 steps with reward 0 throughout. A uniformly random policy succeeds about 17% of the time,
+one that heads for the goal always (5 steps).
+
+It is the kind of env on which learning must not depend on the reward's scale: returns are 0 or nearly 1, and a
+user should not have to tune ``--reward_scale`` for it (``tests/learning/test_learning.py``).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from sfengine.env_registry import EnvContext
+
+EPISODE_STEPS = 40
+STEP_SIZE = 0.1
+GOAL_DISTANCE = 0.5
+SUCCESS_RADIUS = 0.16
+
+
+class SparseReachEnv(gym.Env):
+    def __init__(self, max_episode_steps: int = EPISODE_STEPS):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.max_episode_steps = max_episode_steps
+        self.position = np.zeros(2)
+        self.goal = np.zeros(2)
+        self.steps = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.concatenate([self.position, self.goal]).astype(np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        angle = self.np_random.uniform(0.0, 2 * np.pi)
+        self.goal = GOAL_DISTANCE * np.array([np.cos(angle), np.sin(angle)])
+        self.position = np.zeros(2)
+        self.steps = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        move = STEP_SIZE * np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+        self.position = np.clip(self.position + move, -1.0, 1.0)
+        self.steps += 1
+        success = bool(np.linalg.norm(self.position - self.goal) < SUCCESS_RADIUS)
+        truncated = not success and self.steps >= self.max_episode_steps
+        info = {"success": success} if success or truncated else {}
+        return self._obs(), float(success), success, truncated, info
+
+
+def make_sparse_reach(ctx: EnvContext) -> gym.Env:
+    return SparseReachEnv(ctx.max_episode_steps or EPISODE_STEPS)
