@@ -299,13 +299,30 @@ def load_preset(path_or_name: str) -> dict[str, Any]:
     return data
 
 
+def preset_help() -> str:
+    """``--cfg``'s help: each shipped preset with the first line of its own comment, which says when to use it.
+    An env's own defaults (``configs/<env>.yaml``, the LIBERO suites) apply by themselves and are only named."""
+    described, env_defaults = [], []
+    for path in sorted(shipped_presets().glob("*.yaml")):
+        first_line = path.read_text().splitlines()[0] if path.stat().st_size else ""
+        if first_line.startswith("# Defaults of --env="):
+            env_defaults.append(path.stem)
+        else:
+            described.append(f"{path.stem}: {first_line.lstrip('# ').rstrip('.')}")
+    return (
+        "YAML preset: a path, or the name of one shipped in configs/: "
+        + "; ".join(described)
+        + (f". Applied by themselves with their --env: {', '.join(env_defaults)}" if env_defaults else "")
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m sfengine.train",
         description="Train an RL agent with sfengine. Options are grouped below; every one can also be set in a "
         "YAML preset given with --cfg.",
     )
-    parser.add_argument("--cfg", default=None, help="YAML preset: a path, or the name of one shipped in configs/")
+    parser.add_argument("--cfg", default=None, help=preset_help())
     for group_name, group_cls in GROUPS.items():
         group = parser.add_argument_group(group_name)
         for f in dataclasses.fields(group_cls):

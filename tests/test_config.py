@@ -74,3 +74,12 @@ def test_help_works_outside_the_repository(tmp_path):
     assert result.returncode == 0
     for group in ("sampler:", "learner:", "model:", "run:"):
         assert group in result.stdout
+    # --cfg lists the shipped presets with what each is for.
+    words = " ".join(result.stdout.split())
+    assert "mujoco: Continuous control with dense rewards" in words and "pendulum: Pendulum-v1" in words
+
+
+def test_continuous_control_preset_runs_the_reference_ppo_shape(tmp_path):
+    cfg = parse_config(["--cfg=mujoco", "--env=Hopper-v5", f"--train_dir={tmp_path}"])
+    assert cfg.model.actor_critic == "separate" and cfg.model.normalize_returns
+    assert (cfg.learner.num_epochs, cfg.samples_per_training_batch, cfg.learner.entropy_coeff) == (10, 2048, 0.0)

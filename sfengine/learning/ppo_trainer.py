@@ -22,7 +22,9 @@ class PPOTrainer:
     def __init__(self, model: ActorCritic, cfg: Config, group: LearnerGroup | None = None):
         self.model, self.cfg = model, cfg
         self.group = group or LearnerGroup(RankInfo(), torch.device("cpu"))  # the ranks, in a multi-rank run
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learner.learning_rate, eps=cfg.learner.adam_eps)
+        self.optimizer = torch.optim.Adam(
+            model.parameters(), lr=cfg.learner.learning_rate, eps=cfg.learner.adam_eps, fused=True
+        )
 
     def learning_rate(self, env_steps: int) -> float:
         lr = self.cfg.learner.learning_rate

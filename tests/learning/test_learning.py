@@ -46,6 +46,18 @@ def test_pendulum_box_actions_reach_minus_400_within_300k_steps(train_dir):
     assert summary["episode_return_mean"] >= -400, summary
 
 
+@pytest.mark.parametrize("reward_scale", [None, "0.01"])
+def test_sparse_success_reward_is_learned_with_the_defaults_at_any_reward_scale(train_dir, reward_scale):
+    # sparse_reach: reward 1 on success (which terminates), else 0, 40-step episodes, 2-dim actions; a random
+    # policy succeeds about 17% of the time. Learning must not hinge on a hand-set --reward_scale: with normalised
+    # returns the defaults learn it, and so does a reward a hundred times smaller.
+    scale = [] if reward_scale is None else [f"--reward_scale={reward_scale}"]
+    result = run_train(train_dir, "reach", "--env=sparse_reach", "--train_for_env_steps=200000", *scale)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(train_dir, "reach")
+    assert summary["success_rate"] >= 0.9, summary
+
+
 @pytest.mark.parametrize("inference_dtype", ["float32", "bfloat16"])
 def test_dict_observation_with_image_learns_through_the_cnn(train_dir, inference_dtype):
     # The answer is only in the uint8 image: a random policy scores 8 of 16, a policy that reads it 16.

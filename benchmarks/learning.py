@@ -1,0 +1,207 @@
+"""Learning quality side by side: sfengine against the PPO implementations researchers trust, same envs, same steps.
+
+    python -m benchmarks.learning                                   # HalfCheetah-v5 and Hopper-v5, 1M steps
+    python -m benchmarks.learning --systems=sfengine --seeds=1,2,3  # sfengine's rows again; peers from their files
+    python -m benchmarks.learning --systems=sfengine --device=cuda  # the learner on a GPU (rows "sfengine-cuda")
+
+Systems (each with its own recommended settings for these envs):
+- ``sfengine``: ``--cfg=mujoco`` (configs/mujoco.yaml), the whole engine: rollout workers, inference, learner.
+- ``sb3``: Stable-Baselines3 PPO with the RL Zoo's tuned hyperparameters (``benchmarks/peer_sb3.py``).
+- ``cleanrl``: CleanRL's ``ppo_continuous_action`` (``benchmarks/peer_cleanrl.py``).
+
+Every run leaves ``<out>/<env>/<system>_seed<k>.json`` (``benchmarks/peer_record.py``). A peer's file is reused
+when it exists (``--rerun_peers`` to run it again): peers take 15-60 minutes a run on 2 cores. sfengine's rows are
+always run. The tables and plots are made from every file present: ``<out>/summary.json``, ``<out>/summary.md``,
+and ``<out>/<env>.png`` (mean return of the last 100 episodes against env steps and against wall-clock time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.peer_record import write_json
+from sfengine.events import read_scalars
+
+PEERS = {"sb3": "benchmarks.peer_sb3", "cleanrl": "benchmarks.peer_cleanrl"}
+# CleanRL's published ppo_continuous_action returns at 1M steps (3 seeds, MuJoCo v4): the issue's bar.
+CLEANRL_PUBLISHED = {"HalfCheetah-v5": (1442.6, 46.0), "Hopper-v5": (2382.9, 271.7)}
+RETURN_TAG = "episodes/episode_return_mean"
+COLORS = {"sfengine": "tab:blue", "sfengine-cuda": "tab:cyan", "sb3": "tab:orange", "cleanrl": "tab:green"}
+
+
+def run_peer(system: str, env: str, seed: int, env_steps: int, out: Path, threads: int) -> None:
+    command = [sys.executable, "-m", PEERS[system], f"--env={env}", f"--seed={seed}"]
+    command += [f"--env_steps={env_steps}", f"--threads={threads}", f"--out={out}"]
+    print(" ".join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+def run_sfengine(env: str, seed: int, env_steps: int, out: Path, device: str, extra: list[str]) -> None:
+    """One sfengine training run through the CLI; its curve is read back from its TensorBoard file."""
+    system = "sfengine" if device == "cpu" else f"sfengine-{device}"
+    with tempfile.TemporaryDirectory(prefix="sfengine_learning_") as train_dir:
+        experiment = f"{env}_seed{seed}"
+        command = [sys.executable, "-m", "sfengine.train", "--cfg=mujoco", f"--env={env}", f"--seed={seed}"]
+        command += [f"--train_for_env_steps={env_steps}", f"--device={device}", f"--train_dir={train_dir}"]
+        command += [f"--experiment={experiment}", "--report_every_sec=5", "--restart_behavior=overwrite", *extra]
+        print(" ".join(command), flush=True)
+        started = time.time()
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        summary = json.loads((Path(train_dir) / experiment / "summary.json").read_text())
+        points = read_scalars(Path(train_dir) / experiment)[RETURN_TAG]
+        config = json.loads((Path(train_dir) / experiment / "config.json").read_text())
+    record = {
+        "system": system,
+        "env": env,
+        "seed": seed,
+        "env_steps": summary["env_steps"],
+        "wall_sec": summary["wall_seconds"],
+        "fps": round(summary["env_steps"] / summary["wall_seconds"]),
+        "final_return": summary["episode_return_mean"],
+        "settings": {name: value for group in config.values() for name, value in group.items()},
+        "curve": [[p.step, round(p.wall_time - started, 3), p.value] for p in points],
+    }
+    write_json(out, record)
+    print(f"{system} {env} seed {seed}: return {record['final_return']:.1f} in {record['wall_sec']:.0f} s", flush=True)
+
+
+def aggregate(out_dir: Path, envs: list[str]) -> dict:
+    """Per env and system: final return mean and std over seeds, wall time and FPS means, and the targets."""
+    table: dict = {}
+    for env in envs:
+        rows: dict[str, dict] = {}
+        runs: dict[str, list[dict]] = {}
+        for path in sorted((out_dir / env).glob("*_seed*.json")):
+            run = json.loads(path.read_text())
+            runs.setdefault(run["system"], []).append(run)
+        for system, system_runs in runs.items():
+            returns = [r["final_return"] for r in system_runs]
+            rows[system] = {
+                "seeds": [r["seed"] for r in system_runs],
+                "return_mean": statistics.fmean(returns),
+                "return_std": statistics.pstdev(returns),
+                "wall_sec_mean": statistics.fmean(r["wall_sec"] for r in system_runs),
+                "fps_mean": statistics.fmean(r["fps"] for r in system_runs),
+                "env_steps": min(r["env_steps"] for r in system_runs),
+            }
+        table[env] = {"rows": rows, "targets": targets(env, rows)}
+    return table
+
+
+def targets(env: str, rows: dict[str, dict]) -> dict:
+    """The issue's bars for sfengine's CPU row: CleanRL's published return, the best peer measured here, and a
+    wall time at most a fifth of the fastest peer's."""
+    ours, peers = rows.get("sfengine"), {name: row for name, row in rows.items() if name in PEERS}
+    if ours is None:
+        return {}
+    result = {}
+    if env in CLEANRL_PUBLISHED:
+        result["return_at_least_cleanrl_published"] = ours["return_mean"] >= CLEANRL_PUBLISHED[env][0]
+    if peers:
+        result["return_at_least_best_peer"] = ours["return_mean"] >= max(r["return_mean"] for r in peers.values())
+        fastest = min(r["wall_sec_mean"] for r in peers.values())
+        result["speedup_over_fastest_peer"] = round(fastest / ours["wall_sec_mean"], 2)
+        result["wall_time_at_most_a_fifth_of_fastest_peer"] = ours["wall_sec_mean"] * 5 <= fastest
+    return result
+
+
+def markdown(table: dict) -> str:
+    lines = [
+        "| env | system | seeds | return (last 100 episodes), mean ± std | wall time s | FPS |",
+        "|---|---|---|---|---|---|",
+    ]
+    for env, entry in table.items():
+        for system, row in sorted(entry["rows"].items()):
+            lines.append(
+                f"| {env} | {system} | {len(row['seeds'])} | {row['return_mean']:.1f} ± {row['return_std']:.1f} | "
+                f"{row['wall_sec_mean']:.0f} | {row['fps_mean']:,.0f} |"
+            )
+        if env in CLEANRL_PUBLISHED:
+            mean, std = CLEANRL_PUBLISHED[env]
+            lines.append(f"| {env} | CleanRL published (v4, 3 seeds) | 3 | {mean} ± {std} | | |")
+    lines.append("")
+    for env, entry in table.items():
+        if entry["targets"]:
+            lines.append(f"- {env}: " + ", ".join(f"{name} = {value}" for name, value in entry["targets"].items()))
+    return "\n".join(lines) + "\n"
+
+
+def plot(out_dir: Path, env: str) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [json.loads(p.read_text()) for p in sorted((out_dir / env).glob("*_seed*.json"))]
+    if not runs:
+        return None
+    figure, (by_steps, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
+    labelled: set[str] = set()
+    for run in runs:
+        if not run["curve"]:
+            continue
+        steps, seconds, returns = zip(*run["curve"])
+        label = None if run["system"] in labelled else run["system"]
+        labelled.add(run["system"])
+        color = COLORS.get(run["system"])
+        by_steps.plot(steps, returns, color=color, label=label, linewidth=1)
+        by_time.plot(seconds, returns, color=color, label=label, linewidth=1)
+    if env in CLEANRL_PUBLISHED:
+        by_steps.axhline(CLEANRL_PUBLISHED[env][0], color="gray", linestyle="--", label="CleanRL published, 1M")
+    by_steps.set(xlabel="env steps", ylabel="return (mean of last 100 episodes)", title=f"{env}: sample efficiency")
+    by_time.set(xlabel="wall-clock seconds", title=f"{env}: time (one line per seed)")
+    by_time.set_xscale("log")
+    by_steps.legend(loc="upper left")
+    figure.tight_layout()
+    path = out_dir / f"{env}.png"
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", default="HalfCheetah-v5,Hopper-v5")
+    parser.add_argument("--systems", default="sfengine,sb3,cleanrl")
+    parser.add_argument("--seeds", default="1,2,3", help="sfengine's seeds")
+    parser.add_argument("--peer_seeds", default="1")
+    parser.add_argument("--env_steps", type=int, default=1_000_000)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="sfengine's learner device")
+    parser.add_argument("--rerun_peers", action="store_true", help="run peers even where their results exist")
+    parser.add_argument("--peer_threads", type=int, default=1, help="torch threads of a peer (it runs one env)")
+    parser.add_argument("--out", default="benchmarks/results/learning")
+    parser.add_argument("--sfengine_args", default="", help="extra sfengine options, space-separated")
+    args = parser.parse_args()
+    out_dir, envs = Path(args.out), args.envs.split(",")
+    systems = args.systems.split(",")
+    for env in envs:
+        for system in systems:
+            if system == "sfengine":
+                for seed in (int(s) for s in args.seeds.split(",")):
+                    name = "sfengine" if args.device == "cpu" else f"sfengine-{args.device}"
+                    path = out_dir / env / f"{name}_seed{seed}.json"
+                    run_sfengine(env, seed, args.env_steps, path, args.device, args.sfengine_args.split())
+            elif system in PEERS:
+                for seed in (int(s) for s in args.peer_seeds.split(",")):
+                    path = out_dir / env / f"{system}_seed{seed}.json"
+                    if args.rerun_peers or not path.exists():
+                        run_peer(system, env, seed, args.env_steps, path, args.peer_threads)
+            else:
+                raise SystemExit(f"--systems: unknown system {system!r}; use sfengine, sb3 or cleanrl")
+    table = aggregate(out_dir, envs)
+    write_json(out_dir / "summary.json", table)
+    (out_dir / "summary.md").write_text(markdown(table))
+    for env in envs:
+        plot(out_dir, env)
+    print(markdown(table))
+
+
+if __name__ == "__main__":
+    main()
