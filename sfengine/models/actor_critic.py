@@ -74,7 +74,9 @@ class ReturnNormalizer(nn.Module):
     update is the exception: the untrained head is read in the first returns' units.
     """
 
-    MIN_STD = 1e-2  # while every return seen is the same (a sparse task before its first success), the std is 0
+    # While every return seen is the same (a sparse task before its first success) the std is 0. The floor only
+    # keeps the units finite; any larger one would break the scale invariance for small rewards.
+    MIN_STD = 1e-6
 
     def __init__(self):
         super().__init__()
@@ -196,7 +198,10 @@ class ActorCritic(nn.Module):
         # Small policy output: a near-uniform first policy, or a Gaussian whose log-std is initial_log_std in every
         # state (state-dependent: through the log-std half of the head's bias, its weights start near zero).
         nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
-        nn.init.orthogonal_(self.value_head.weight, gain=1.0)
+        # The critic starts at exactly 0 in every state: an untrained critic's O(1) outputs would otherwise enter the
+        # first batches' returns, swamp small rewards and, through the return statistics, which keep all history,
+        # leave the critic's units wrong for the rest of the run.
+        nn.init.zeros_(self.value_head.weight)
         if self.state_dependent_std:
             with torch.no_grad():
                 self.policy_head.bias[self.action_spec.dim :] = initial_log_std

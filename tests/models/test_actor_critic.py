@@ -69,6 +69,7 @@ def test_a_bfloat16_inference_copy_acts_like_the_float32_policy():
         # The head starts with gain 0.01: logits of about 0.02, which any copy would match within a small atol.
         # Scaled up, the logits are O(1) and the log-probs of the two copies can be compared relative to their size.
         learner.policy_head.weight.mul_(200.0)
+        torch.nn.init.orthogonal_(learner.value_head.weight)  # a trained critic: it starts at exactly 0
     actor = ActorCritic(obs_spec, action_spec, ModelConfig()).for_inference(torch.bfloat16)
     with torch.no_grad():
         for name, tensor in actor.state_dict().items():
@@ -158,6 +159,16 @@ def test_moving_the_return_statistics_leaves_every_value_prediction_unchanged():
         model.update_return_normalizer(returns)
         with torch.no_grad():
             torch.testing.assert_close(model(obs)[1], before, rtol=1e-4, atol=1e-4)
+
+
+def test_an_untrained_critic_predicts_exactly_zero_so_the_first_returns_are_the_rewards_alone():
+    # With O(1) initial outputs the first batches' returns would carry the critic's noise into the return
+    # statistics, which keep all history: rewards of 0.01 would then be learned in units ten times too large.
+    torch.manual_seed(8)
+    for actor_critic in ("shared", "separate"):
+        model = make_model(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), actor_critic=actor_critic)
+        with torch.no_grad():
+            assert bool((model({"obs": 3 * torch.randn(64, 4)})[1] == 0).all())
 
 
 def test_constant_returns_keep_the_critic_units_finite():
