@@ -56,6 +56,8 @@ class PPOTrainer:
 
         sums: dict[str, float] = {}
         num_minibatches = cfg.num_batches_per_epoch
+        # The critic's loss and its clip are in normalised return units (plain units without normalisation).
+        normalized = self.model.normalized_values
         for epoch in range(cfg.num_epochs):
             if cfg.with_vtrace:
                 advantages, returns = self._vtrace_targets(batch, rewards, episode_ends)
@@ -72,8 +74,6 @@ class PPOTrainer:
                 minibatch_advantages = flat_advantages[idx]
                 if cfg.normalize_advantage:
                     minibatch_advantages = normalize_advantages(minibatch_advantages)
-                # The critic's loss and its clip are in normalised return units (plain units without normalisation).
-                normalized = self.model.normalized_values
                 losses = ppo_loss(
                     log_probs,
                     old_log_probs[idx],
@@ -110,6 +110,9 @@ class PPOTrainer:
             value_mean=float(old_values.mean()),
             advantage_mean=float(advantages.mean()),
         )
+        if self.model.return_normalizer is not None:
+            return_stats = self.model.return_normalizer
+            stats.update(return_mean=float(return_stats.stats.mean), return_std=float(return_stats.std()))
         return stats
 
     def _clip_gradients(self) -> float:

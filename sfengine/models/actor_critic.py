@@ -72,6 +72,8 @@ class ReturnNormalizer(nn.Module):
     head so that its outputs in return units stay exactly what they were (the output-preserving step of PopArt,
     van Hasselt et al. 2016): an update of the statistics never makes the critic's predictions jump. The first
     update is the exception: the untrained head is read in the first returns' units.
+
+    ``mean`` and ``std`` are what TensorBoard shows as ``train/return_mean`` and ``train/return_std``.
     """
 
     # While every return seen is the same (a sparse task before its first success) the std is 0. The floor only
@@ -99,8 +101,8 @@ class ReturnNormalizer(nn.Module):
         old_mean, old_std = self.stats.mean.clone(), self.std()
         self.stats.update(returns.reshape(-1, 1), sum_over_ranks)
         if first:
-            # The untrained head's outputs mean nothing yet: read them in the first returns' units, so its initial
-            # noise is as large, relative to the returns, at every reward scale.
+            # The untrained head (0 everywhere) says nothing yet: read in the first returns' units, the critic starts
+            # at their mean.
             return
         new_mean, new_std = self.stats.mean, self.std()
         # raw = w.x * std + mean must stay the same: w' = w * old_std / new_std, b' = (b * old_std + old_mean -

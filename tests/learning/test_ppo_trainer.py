@@ -139,7 +139,7 @@ def test_stats_report_every_loss_and_diagnostic_as_a_finite_number():
     stats = make_trainer().train(bandit_batch(), LEARNER_VERSION, env_steps=0)
     expected = {"loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"}
     expected |= {"policy_lag_mean", "policy_lag_max", "explained_variance", "learning_rate"}
-    expected |= {"value_mean", "advantage_mean"}
+    expected |= {"value_mean", "advantage_mean", "return_mean", "return_std"}
     assert expected <= set(stats), expected - set(stats)
     assert all(math.isfinite(value) for value in stats.values()), stats
     # Lags 0, 1, 2, 3 in turn over the 16 real steps (the bootstrap entry's version is not a sample's).
