@@ -135,8 +135,11 @@ class SharedBuffers:
     buffers_per_worker: int
 
     @classmethod
-    def allocate(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> SharedBuffers:
-        per_worker = buffers_per_worker(cfg)
+    def allocate(
+        cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, evaluation: bool = False
+    ) -> SharedBuffers:
+        """``evaluation``: nothing is handed to a learner, so each env needs only the buffer it fills."""
+        per_worker = cfg.sampler.num_envs_per_worker if evaluation else buffers_per_worker(cfg)
         trajectories = TrajectoryBuffers.allocate(
             per_worker * cfg.sampler.num_workers, cfg.sampler.rollout, obs_spec, action_spec, shared=True
         )

@@ -157,12 +157,33 @@ class RunConfig:
     benchmark: bool = option(False, "sampling only: collect and discard trajectories, no training")
 
 
+@dataclass
+class EvalConfig:
+    checkpoint: str = option(
+        "", "sfengine.evaluate: the checkpoint file to evaluate (default: the experiment's latest)"
+    )
+    eval_episodes: int = option(10, "single-task envs: episodes per evaluation, with seeds 0..N-1")
+    episodes_per_init: int = option(1, "multi-task envs: episodes of each (task, init state) per evaluation")
+    eval_deterministic: bool = option(True, "evaluate with the action distribution's mode; False: sample actions")
+    video_per_task: int = option(0, "sfengine.evaluate: record this many episodes of each task as mp4")
+    video_size: int = option(256, "width and height of recorded videos in pixels (even)")
+    eval_every_env_steps: int = option(
+        0, "training: evaluate the current weights every this many env steps, in a separate process (0: off)"
+    )
+    eval_episodes_per_task: int = option(
+        0,
+        "training evaluator, multi-task envs: episodes of each task per evaluation (0: every init state); the "
+        "init states cycle across evaluations, so over time every one is seen",
+    )
+
+
 GROUPS: dict[str, type] = {
     "env": EnvConfig,
     "sampler": SamplerConfig,
     "learner": LearnerConfig,
     "model": ModelConfig,
     "run": RunConfig,
+    "eval": EvalConfig,
 }
 
 
@@ -173,6 +194,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     @property
     def experiment_dir(self) -> Path:
@@ -413,6 +435,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--keep_checkpoints and --stats_window must be at least 1")
     if not run.experiment or os.sep in run.experiment or run.experiment in (".", ".."):
         raise ConfigError(f"--experiment={run.experiment!r} must be a plain directory name")
+    ev = cfg.eval
+    for name in ("eval_episodes", "episodes_per_init"):
+        if getattr(ev, name) < 1:
+            raise ConfigError(f"--{name}={getattr(ev, name)} must be at least 1")
+    for name in ("video_per_task", "eval_every_env_steps", "eval_episodes_per_task"):
+        if getattr(ev, name) < 0:
+            raise ConfigError(f"--{name}={getattr(ev, name)} must not be negative")
+    if ev.video_size < 16 or ev.video_size % 2:
+        raise ConfigError(f"--video_size={ev.video_size}: give an even number of pixels, at least 16 (e.g. 256)")
     if lrn.device == "cuda":
         import torch
 

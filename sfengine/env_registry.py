@@ -37,6 +37,7 @@ class EnvContext:
     seed: int
     max_episode_steps: int = 0  # 0: the env's own limit
     env_config: EnvConfig | None = None  # every --env option, for factories that take settings
+    render_size: int = 0  # > 0: evaluation records videos, so ``render()`` must return rgb frames (about this size)
 
 
 EnvFactory = Callable[[EnvContext], gym.Env]
@@ -64,6 +65,8 @@ def env_sizer(name: str) -> Sizer | None:
 def make_gymnasium_env(ctx: EnvContext) -> gym.Env:
     """Build a gymnasium env by id, without the passive checker (it costs time on every step)."""
     kwargs = {"max_episode_steps": ctx.max_episode_steps} if ctx.max_episode_steps > 0 else {}
+    if ctx.render_size:
+        kwargs["render_mode"] = "rgb_array"
     return gym.make(ctx.name, disable_env_checker=True, **kwargs)
 
 

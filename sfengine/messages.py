@@ -23,6 +23,7 @@ class EpisodeStats(NamedTuple):
     length: int
     success: float  # nan when the env does not report success
     task: int = -1  # the task of a multi-task env, -1 otherwise
+    init_state: int = -1  # multi-task envs: the init state; single-task evaluation: the episode's seed
 
 
 class WorkerReport(NamedTuple):
@@ -37,6 +38,7 @@ class WorkerReport(NamedTuple):
     env_steps: int = 0  # env.step calls in this window
     env_resets: int = 0  # env.reset calls in this window
     env_reset_sec: float = 0.0  # the part of env_step_sec spent in env.reset
+    finished: bool = False  # evaluation: every env found the episode set exhausted and ended its last episode
 
 
 class InferenceReport(NamedTuple):

@@ -5,6 +5,7 @@ A multi-task env exposes, on ``env.unwrapped``:
     num_tasks: int
     task_names: list[str]
     num_init_states(task: int) -> int
+    instruction(task: int) -> str  (optional: the task's language instruction, shown in evaluation tables)
 
 and accepts ``reset(options={"task": t, "init_state": i})``. The rollout worker draws these assignments from a
 ``TaskSchedule`` and reports each episode's task, so success is tracked per task.
@@ -12,7 +13,7 @@ and accepts ``reset(options={"task": t, "init_state": i})``. The rollout worker 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 
@@ -21,6 +22,7 @@ import gymnasium as gym
 class TaskInfo:
     task_names: list[str]
     init_states_per_task: list[int]
+    instructions: list[str] = field(default_factory=list)  # empty when the env gives none
 
 
 def task_info(env: gym.Env) -> TaskInfo | None:
@@ -29,4 +31,5 @@ def task_info(env: gym.Env) -> TaskInfo | None:
     if not hasattr(base, "num_tasks") or not hasattr(base, "num_init_states"):
         return None
     names = list(getattr(base, "task_names", [f"task_{t}" for t in range(base.num_tasks)]))
-    return TaskInfo(names, [int(base.num_init_states(t)) for t in range(base.num_tasks)])
+    instructions = [str(base.instruction(t)) for t in range(base.num_tasks)] if hasattr(base, "instruction") else []
+    return TaskInfo(names, [int(base.num_init_states(t)) for t in range(base.num_tasks)], instructions)

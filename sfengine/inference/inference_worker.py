@@ -37,10 +37,12 @@ class InferenceWorker(Component):
         weights: SharedWeights,
         obs_spec: ObsSpec,
         action_spec: ActionSpec,
+        deterministic: bool = False,
     ):
         super().__init__(event_loop, f"inference_worker_{index}")
         self.index, self.cfg, self.buffers, self.weights = index, cfg, buffers, weights
         self.obs_spec, self.action_spec = obs_spec, action_spec
+        self.deterministic = deterministic  # evaluation: the distribution's mode instead of a sample
         self.pending: list[InferenceRequest] = []
         self.stopped = False
 
@@ -88,7 +90,7 @@ class InferenceWorker(Component):
         out_fields = self.flat_outputs_np
         with torch.inference_mode():
             obs = {key: t.index_select(0, flat).to(self.device) for key, t in self.flat_obs.items()}
-            out = self.model.act(obs)
+            out = self.model.act(obs, self.deterministic)
             out_fields["actions"][flat_np] = out.actions.cpu().numpy()
             out_fields["log_probs"][flat_np] = out.log_probs.cpu().numpy()
             out_fields["values"][flat_np] = out.values.cpu().numpy()

@@ -26,6 +26,8 @@ from sfengine.buffers import NO_ENV, POLICY_FIELDS, SharedBuffers
 from sfengine.config import Config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext, EnvFactory
+from sfengine.evaluation.episode_queue import SINGLE_TASK, SharedEpisodeQueue
+from sfengine.evaluation.video import EpisodeVideo, EvalOutput
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.messages import EpisodeStats, InferenceRequest, TrajectoriesReady, WorkerReport
 from sfengine.spaces import ActionSpec, obs_as_dict
@@ -47,6 +49,9 @@ class SplitRunner:
         self.episode_lengths = np.zeros(len(envs), dtype=np.int64)
         self.truncated_envs: list[int] = []  # envs whose final obs awaits V(final_obs)
         self.tasks = np.full(len(envs), -1, dtype=np.int64)  # the task each env is playing (multi-task envs)
+        self.init_states = np.full(len(envs), -1, dtype=np.int64)  # and its init state (evaluation: or seed)
+        self.active = np.ones(len(envs), dtype=bool)  # evaluation: False once an env found the set exhausted
+        self.videos: dict[int, EpisodeVideo] = {}  # evaluation: env index -> the episode it records
         self.held: dict[str, np.ndarray] | None = None  # last step of a rollout while the split waits
         self.may_resume = True  # False while it waits for a new policy (synchronous mode)
         self.rollouts_since_update = 0
@@ -61,12 +66,17 @@ class RolloutWorker(Component):
         buffers: SharedBuffers,
         env_factory: EnvFactory,
         action_spec: ActionSpec,
-        task_sequence: SharedTaskSequence | None = None,
+        task_sequence: SharedTaskSequence | SharedEpisodeQueue | None = None,
+        evaluation: EvalOutput | None = None,
     ):
         super().__init__(event_loop, f"rollout_worker_{worker}")
         self.worker, self.cfg, self.buffers = worker, cfg, buffers
         self.env_factory, self.action_spec = env_factory, action_spec
-        self.task_sequence = task_sequence  # multi-task envs: where every reset's (task, init state) comes from
+        # Multi-task envs: where every reset's (task, init state) comes from. Evaluation: the finite episode set,
+        # also for single-task envs (the seed of each reset).
+        self.task_sequence = task_sequence
+        # Evaluation: nothing learns, so buffers are reused at once; envs stop when the set is exhausted.
+        self.evaluation = evaluation
         self.splits: list[SplitRunner] = []
         self.free_ids: deque[int] = deque(buffers.worker_buffer_ids(worker))
         self.waiting_splits: deque[SplitRunner] = deque()  # at a rollout boundary, waiting for buffers or a policy
@@ -114,8 +124,11 @@ class RolloutWorker(Component):
                 # Distinct across all envs of the run, and reproducible from --seed.
                 global_worker = RankInfo.from_environment().rank * cfg.sampler.num_workers + self.worker
                 seed = cfg.env.seed * 1_000_003 + global_worker * cfg.sampler.num_envs_per_worker + env_index
+                render_size = self.evaluation.video_size if self.evaluation and self.evaluation.video_dir else 0
                 contexts.append(
-                    EnvContext(cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps, cfg.env)
+                    EnvContext(
+                        cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps, cfg.env, render_size
+                    )
                 )
             envs = [self.env_factory(ctx) for ctx in contexts]
             self.splits.append(SplitRunner(envs, contexts, self.worker * cfg.sampler.worker_num_splits + split))
@@ -132,10 +145,15 @@ class RolloutWorker(Component):
             started = time.perf_counter()
             self._take_buffers(split)
             for i, ctx in enumerate(split.contexts):
-                self._write_obs(self._reset_env(split, i, seed=ctx.seed), split.buffer_ids[i], 0)
+                obs = self._reset_env(split, i, seed=ctx.seed)
+                if obs is not None:
+                    self._write_obs(obs, split.buffer_ids[i], 0)
             self.env_step_sec += time.perf_counter() - started
-            self._request(split)
-        self._send_report()  # the first report: start-up is over, the runner's hang watch begins
+            if split.active.any():
+                self._request(split)
+        # The first report: start-up is over, the runner's hang watch begins. An evaluation with fewer episodes
+        # than envs may leave this worker nothing to do at all.
+        self._send_report(finished=self.evaluation is not None and not any(s.active.any() for s in self.splits))
 
     def _take_buffers(self, split: SplitRunner) -> None:
         for i in range(len(split.envs)):
@@ -183,6 +201,8 @@ class RolloutWorker(Component):
         truncated = np.zeros(len(ids), dtype=bool)
         env_started = time.perf_counter()
         for i, env in enumerate(split.envs):
+            if not split.active[i]:
+                continue  # evaluation: this env has no episode left to run
             self.stepping_env_np[split.row] = i
             try:
                 obs, reward, term, trunc, info = env.step(actions[i])
@@ -192,12 +212,16 @@ class RolloutWorker(Component):
                 self._write_obs(obs, ids[i], t + 1)
                 continue
             rewards[i] = reward
+            if i in split.videos:
+                split.videos[i].add(env.render())
             if term or trunc:
                 terminated[i], truncated[i] = term, trunc and not term
                 self._end_episode(split, i, float(reward), info)
                 if truncated[i]:
                     self._keep_final_obs(split, i, obs_as_dict(obs))
                 obs = self._reset_env(split, i)
+                if obs is None:
+                    continue  # evaluation: the set is exhausted, and this env stops
             else:
                 split.episode_returns[i] += reward
                 split.episode_lengths[i] += 1
@@ -210,7 +234,10 @@ class RolloutWorker(Component):
         self.traj["terminated"][ids, t] = terminated
         self.traj["truncated"][ids, t] = truncated
         split.t = t + 1
-        self._request(split)
+        if split.active.any():
+            self._request(split)
+        elif self.evaluation is not None and not any(s.active.any() for s in self.splits):
+            self._send_report(finished=True)
 
     def _keep_final_obs(self, split: SplitRunner, i: int, obs: dict) -> None:
         """A truncated episode's last observation, for the inference worker to value (the bootstrap)."""
@@ -218,21 +245,32 @@ class RolloutWorker(Component):
             self.final_obs_np[key][split.row, i] = value
         split.truncated_envs.append(i)
 
-    def _reset_env(self, split: SplitRunner, i: int, seed: int | None = None) -> dict:
+    def _reset_env(self, split: SplitRunner, i: int, seed: int | None = None) -> dict | None:
+        """Start the env's next episode; None when an evaluation's episode set is exhausted (the env stops)."""
         started = time.perf_counter()
         options = None
+        episode = None
         if self.task_sequence is not None:
-            assignment = self.task_sequence.next()
-            split.tasks[i] = assignment.task
-            self.assignments_np[split.row, i] = assignment
-            options = {"task": assignment.task, "init_state": assignment.init_state}
+            episode = self.task_sequence.next()
+            if episode is None:
+                split.active[i] = False
+                return None
+            split.tasks[i], split.init_states[i] = episode.task, episode.init_state
+            self.assignments_np[split.row, i] = (episode.task, episode.init_state)
+            if episode.task != SINGLE_TASK:
+                options = {"task": episode.task, "init_state": episode.init_state}
+            elif self.evaluation is not None:
+                seed = episode.init_state  # single-task evaluation: episode k resets with seed k
         try:
-            obs, _ = split.envs[i].reset(seed=seed, options=options)
+            obs, info = split.envs[i].reset(seed=seed, options=options)
         except Exception:  # noqa: BLE001  (a failed reset is handled like a failed step: rebuild once)
             log.exception("%s: reset failed; rebuilding the env", self._describe(split, i))
             self.env_failures += 1
             self._rebuild_env(split, i)
-            obs, _ = split.envs[i].reset(options=options)
+            obs, info = split.envs[i].reset(seed=seed, options=options)
+        if self.evaluation is not None and getattr(episode, "video", False):
+            caption = info.get("instruction") or self.evaluation.task_label(episode.task, episode.init_state)
+            split.videos[i] = EpisodeVideo(self.evaluation.video_size, caption, split.envs[i].render())
         self.reset_sec += time.perf_counter() - started
         self.resets += 1
         return obs_as_dict(obs)
@@ -245,6 +283,7 @@ class RolloutWorker(Component):
         self._keep_final_obs(split, i, {key: self.obs_np[key][buffer_id, t] for key in self.obs_np})
         split.episode_returns[i] = 0.0
         split.episode_lengths[i] = 0
+        split.videos.pop(i, None)
         self._rebuild_env(split, i)
         return self._reset_env(split, i)
 
@@ -263,14 +302,16 @@ class RolloutWorker(Component):
         success = info.get("success", info.get("is_success", math.nan))
         if self.task_sequence is not None and not math.isnan(success):
             self.task_sequence.record(int(split.tasks[i]), bool(success))
-        self.finished_episodes.append(
-            EpisodeStats(
-                float(split.episode_returns[i] + last_reward),
-                int(split.episode_lengths[i] + 1),
-                float(success),
-                int(split.tasks[i]),
-            )
+        episode = EpisodeStats(
+            float(split.episode_returns[i] + last_reward),
+            int(split.episode_lengths[i] + 1),
+            float(success),
+            int(split.tasks[i]),
+            int(split.init_states[i]),
         )
+        self.finished_episodes.append(episode)
+        if i in split.videos:
+            self.evaluation.write_video(split.videos.pop(i), episode)
         split.episode_returns[i] = 0.0
         split.episode_lengths[i] = 0
 
@@ -280,6 +321,10 @@ class RolloutWorker(Component):
         # Keep the last step (obs and policy output): it is step 0 of the next rollout.
         obs_fields = [f"obs.{key}" for key in self.obs_np]
         split.held = {name: self.traj[name][ids, last] for name in (*obs_fields, *POLICY_FIELDS)}
+        if self.evaluation is not None:
+            self.free_ids.extend(ids.tolist())  # nothing learns from an evaluation: the buffers are reused at once
+            self._continue_in_new_buffers(split)
+            return True
         self.trajectories_ready.emit(TrajectoriesReady(tuple(int(i) for i in ids)))
         split.rollouts_since_update += 1
         if self.sync_rollouts and split.rollouts_since_update >= self.sync_rollouts:
@@ -330,7 +375,7 @@ class RolloutWorker(Component):
 
     # ---------------------------------------------------------------- stats and shutdown
 
-    def _send_report(self) -> None:
+    def _send_report(self, finished: bool = False) -> None:
         now = time.perf_counter()
         self.report.emit(
             WorkerReport(
@@ -343,6 +388,7 @@ class RolloutWorker(Component):
                 self.steps_taken,
                 self.resets,
                 self.reset_sec,
+                finished,
             )
         )
         self.finished_episodes = []

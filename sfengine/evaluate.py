@@ -1,0 +1,212 @@
+"""``python -m sfengine.evaluate``: how good is this checkpoint?
+
+    python -m sfengine.evaluate --experiment=spatial                   # latest checkpoint, every (task, init) once
+    python -m sfengine.evaluate --checkpoint=PATH --env=libero_object --video_per_task=2
+    torchrun --nproc_per_node=2 -m sfengine.evaluate --experiment=spatial
+
+The checkpoint's policy acts through the engine's own rollout and inference workers (``sfengine.evaluation``),
+with the distribution's mode unless ``--eval_deterministic=false``. The run's saved ``config.json`` supplies the
+env and model settings; the command line overrides them (a worker layout, for example). Multi-task envs run
+every (task, init state) of the rank's shard ``--episodes_per_init`` times; single-task envs run
+``--eval_episodes`` episodes with seeds 0..N-1. Results go to ``<experiment>/eval/<checkpoint>/`` (see
+``sfengine.evaluation.report``), videos to its ``videos/``.
+
+Exit codes: 0 every episode ran, 1 the evaluation failed or was interrupted (the episodes that finished are
+still written), 2 bad input, reported on one line before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sfengine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from sfengine.config import Config, ConfigError, parse_config
+from sfengine.distributed import RankInfo
+from sfengine.env_registry import EnvContext, EnvFactory, env_sizer, resolve_env_factory
+from sfengine.evaluation.episode_queue import evaluation_episodes
+from sfengine.evaluation.evaluator import run_evaluation
+from sfengine.evaluation.report import EvalReport
+from sfengine.evaluation.video import EvalOutput
+from sfengine.event_loop import configure_logging
+from sfengine.messages import EpisodeStats
+from sfengine.models.actor_critic import ActorCritic
+from sfengine.multitask import TaskInfo
+from sfengine.sizing import Machine, resolve_auto_options
+from sfengine.train import probe_env
+
+GATHER_TIMEOUT = datetime.timedelta(hours=12)  # ranks finish their shards at different times
+
+
+def locate_checkpoint(argv: list[str]) -> list[str]:
+    """With ``--checkpoint=PATH`` and no ``--experiment``, the run is the one the checkpoint belongs to
+    (``<train_dir>/<experiment>/checkpoints/<file>``), so its saved config applies."""
+    pre = argparse.ArgumentParser(add_help=False)
+    for name in ("--checkpoint", "--experiment", "--train_dir"):
+        pre.add_argument(name)
+    known, _ = pre.parse_known_args(argv)
+    if not known.checkpoint or known.experiment or known.train_dir:
+        return argv
+    path = Path(known.checkpoint).resolve()
+    experiment_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    return [*argv, f"--train_dir={experiment_dir.parent}", f"--experiment={experiment_dir.name}"]
+
+
+def resolve_checkpoint(cfg: Config) -> Path:
+    if cfg.eval.checkpoint:
+        path = Path(cfg.eval.checkpoint)
+        if not path.is_file():
+            raise CheckpointError(f"--checkpoint={path}: no such file")
+        return path
+    checkpoints = list_checkpoints(cfg.experiment_dir)
+    if not checkpoints:
+        raise CheckpointError(
+            f"experiment '{cfg.run.experiment}' has no checkpoint in {cfg.experiment_dir / 'checkpoints'}; train it "
+            "first, or give --checkpoint=PATH (and --train_dir= where the experiment lives)"
+        )
+    return checkpoints[-1]
+
+
+def load_policy(cfg: Config, path: Path, obs_spec, action_spec) -> tuple[ActorCritic, dict]:
+    state = load_checkpoint(path)
+    model = ActorCritic(obs_spec, action_spec, cfg.model)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        detail = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).splitlines()[0])
+        raise CheckpointError(
+            f"checkpoint {path} does not fit env '{cfg.env.env}' with these model settings ({detail}); evaluate "
+            "it on the env and settings it was trained with"
+        ) from None
+    return model, state
+
+
+def check_renderer(cfg: Config, factory: EnvFactory, tasks: TaskInfo | None) -> None:
+    """--video_per_task needs frames: build one env as the workers will, reset it, and render once."""
+    ctx = EnvContext(cfg.env.env, -1, 0, cfg.env.seed, cfg.env.max_episode_steps, cfg.env, cfg.eval.video_size)
+    try:
+        env = factory(ctx)
+        try:
+            env.reset(seed=0, options={"task": 0, "init_state": 0} if tasks else None)
+            frame = env.render()
+        finally:
+            env.close()
+    except Exception as exc:  # noqa: BLE001  (whatever fails here, the fix is the same)
+        frame, reason = None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    else:
+        reason = "render() returned no rgb frame"
+    if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[2] >= 3):
+        raise ConfigError(
+            f"--video_per_task: env '{cfg.env.env}' cannot render frames ({reason}); install a renderer (LIBERO: "
+            "Mesa EGL, apt-get install libegl1) or use an env with render_mode rgb_array, or drop --video_per_task"
+        )
+
+
+def gather_episodes(episodes: list[EpisodeStats], ranks: RankInfo) -> list[EpisodeStats]:
+    """Every rank's episodes on rank 0 (the others get theirs back)."""
+    if ranks.world_size == 1:
+        return episodes
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://", timeout=GATHER_TIMEOUT)
+    try:
+        gathered: list[list[EpisodeStats] | None] = [None] * ranks.world_size
+        dist.all_gather_object(gathered, episodes)
+    finally:
+        dist.destroy_process_group()
+    return [episode for rank_episodes in gathered for episode in rank_episodes]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ranks = RankInfo.from_environment()
+    configure_logging()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = parse_config(locate_checkpoint(argv))
+        checkpoint = resolve_checkpoint(cfg)
+        factory = resolve_env_factory(cfg.env.env)
+        obs_spec, action_spec, tasks = probe_env(cfg, factory)
+        if cfg.eval.video_per_task:
+            check_renderer(cfg, factory, tasks)
+        sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks, Machine.here(ranks.local_world_size))
+        model, state = load_policy(cfg, checkpoint, obs_spec, action_spec)
+    except (ConfigError, CheckpointError) as exc:
+        print(f"sfengine.evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    ev = cfg.eval
+    out_dir = cfg.experiment_dir / "eval" / checkpoint.stem
+    episodes = evaluation_episodes(
+        tasks, ranks.rank, ranks.world_size, ev.episodes_per_init, ev.eval_episodes, ev.video_per_task
+    )
+    output = EvalOutput(
+        str(out_dir / "videos") if ev.video_per_task else None,
+        ev.video_size,
+        cfg.env.env,
+        tasks.task_names if tasks else [],
+    )
+    s = cfg.sampler
+    if ranks.rank == 0:
+        what = (
+            f"{len(tasks.task_names)} tasks, {sum(tasks.init_states_per_task)} (task, init state) pairs x "
+            f"{ev.episodes_per_init}"
+            if tasks
+            else f"{ev.eval_episodes} episodes (seeds 0..{ev.eval_episodes - 1})"
+        )
+        print(
+            f"evaluating {checkpoint} (policy version {state['policy_version']}, {state['env_steps']:,} env steps)\n"
+            f"  env {cfg.env.env}: {what}; actions: {'mode' if ev.eval_deterministic else 'sampled'}\n"
+            f"  {s.num_workers} rollout workers x {s.num_envs_per_worker} envs ({s.worker_num_splits} splits)"
+            + (f", {ranks.world_size} ranks" if ranks.world_size > 1 else "")
+            + (f"; {sizing}" if sizing else "")
+            + f"\n  results: {out_dir}",
+            flush=True,
+        )
+    started = time.time()
+    finished, error = run_evaluation(
+        cfg, factory, obs_spec, action_spec, model, int(state["policy_version"]), episodes, output, ranks.rank == 0
+    )
+    wall = time.time() - started
+    if error is None and len(finished) != len(episodes):
+        error = f"{len(finished)} episodes finished of {len(episodes)}"
+    finished = gather_episodes(finished, ranks)
+    if ranks.rank != 0:
+        return 0 if error is None else 1
+    report = EvalReport(
+        finished, tasks.task_names if tasks else None, tasks.instructions if tasks else None, cfg.env.env
+    )
+    expected = (sum(tasks.init_states_per_task) * ev.episodes_per_init) if tasks else ev.eval_episodes
+    settings = {
+        "checkpoint": str(checkpoint),
+        "env": cfg.env.env,
+        "policy_version": int(state["policy_version"]),
+        "env_steps": int(state["env_steps"]),
+        "deterministic": ev.eval_deterministic,
+        "episodes_per_init": ev.episodes_per_init if tasks else None,
+        "expected_episodes": expected,
+        "complete": error is None and len(finished) == expected,
+        "world_size": ranks.world_size,
+        "wall_sec": round(wall, 2),
+    }
+    report.write(out_dir, settings)
+    print(f"\n{report.markdown()}\n", flush=True)
+    overall = report.overall
+    rate = f"success {overall.success_rate:.3f}, " if overall.success_rate is not None else ""
+    print(
+        f"{len(finished)} episodes in {wall:.1f} s: {rate}mean return {overall.return_mean:.2f}; written to {out_dir}",
+        flush=True,
+    )
+    if error is not None:
+        print(f"sfengine.evaluate: the evaluation did not complete: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

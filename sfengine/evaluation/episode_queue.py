@@ -1,0 +1,89 @@
+"""The finite set of episodes an evaluation runs, handed out once each to whichever env resets next.
+
+    multi-task env (2 tasks x 3 init states, --episodes_per_init=1, --video_per_task=1):
+        (0,0,video) (0,1) (0,2) (1,0,video) (1,1) (1,2)  then None: the env that draws None stops
+    single-task env (--eval_episodes=3): seeds 0, 1, 2 (task -1)
+
+The order is task by task, so each env of a LIBERO suite meets a task's simulator once and keeps it for the
+task's init states, where a round-robin order would switch simulators at every episode. Under torchrun each
+rank takes its shard (``sfengine.scheduler.shard_pairs``; single-task seeds are dealt round-robin).
+
+A draw takes the shared position under an uncontended lock (``ProcessLock``), once per episode, so however many
+workers, envs and splits draw, every episode of the set is run exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from sfengine.multitask import TaskInfo
+from sfengine.process_lock import ProcessLock
+from sfengine.scheduler import shard_pairs
+
+SINGLE_TASK = -1
+
+
+class EvalEpisode(NamedTuple):
+    task: int  # SINGLE_TASK for an ordinary env
+    init_state: int  # multi-task envs: the init state; single-task envs: the seed of the episode's reset
+    video: bool  # record this episode as an mp4
+
+
+def evaluation_episodes(
+    tasks: TaskInfo | None,
+    rank: int,
+    world_size: int,
+    episodes_per_init: int = 1,
+    eval_episodes: int = 10,
+    video_per_task: int = 0,
+) -> list[EvalEpisode]:
+    """This rank's episodes: every (task, init state) of its shard ``episodes_per_init`` times, task by task; or,
+    for a single-task env, its share of the seeds 0..eval_episodes-1. The first ``video_per_task`` episodes of
+    each task are recorded."""
+    if tasks is None:
+        seeds = range(rank, eval_episodes, world_size)
+        return [EvalEpisode(SINGLE_TASK, seed, seed < video_per_task) for seed in seeds]
+    episodes = []
+    for task, init_states in sorted(shard_pairs(tasks.init_states_per_task, rank, world_size).items()):
+        for init_state in init_states:
+            for _ in range(episodes_per_init):
+                episodes.append(EvalEpisode(task, init_state, False))
+    return mark_videos(episodes, video_per_task)
+
+
+def mark_videos(episodes: list[EvalEpisode], video_per_task: int) -> list[EvalEpisode]:
+    """The first ``video_per_task`` episodes of each task, marked for recording."""
+    recorded: dict[int, int] = {}
+    marked = []
+    for episode in episodes:
+        video = recorded.get(episode.task, 0) < video_per_task
+        recorded[episode.task] = recorded.get(episode.task, 0) + video
+        marked.append(episode._replace(video=video))
+    return marked
+
+
+class SharedEpisodeQueue:
+    """The evaluation's episodes in shared memory; ``next()`` hands each out once, then returns None."""
+
+    def __init__(self, episodes: list[EvalEpisode]):
+        self.episodes = torch.tensor([list(map(int, e)) for e in episodes], dtype=torch.int64).reshape(-1, 3)
+        self.episodes.share_memory_()
+        self.position = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.lock = ProcessLock()
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    def next(self) -> EvalEpisode | None:
+        with self.lock:
+            position = int(self.position[0])
+            if position >= len(self.episodes):
+                return None
+            self.position[0] = position + 1
+        task, init_state, video = self.episodes[position].tolist()
+        return EvalEpisode(task, init_state, bool(video))
+
+    def record(self, task: int, success: bool) -> None:
+        """Outcomes go to the evaluation's report, not to a curriculum."""

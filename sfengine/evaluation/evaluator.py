@@ -1,0 +1,193 @@
+"""Run an evaluation's episodes through the engine's own rollout and inference workers (no learner).
+
+    EvalRunner (main process): progress line, stop when every worker is done
+        ^ WorkerReport(episodes, finished)
+    RolloutWorker w (process) --InferenceRequest--> InferenceWorker (process, the distribution's mode)
+        ^                       <--policy_outputs---
+        +-- SharedEpisodeQueue: the next (task, init state) or seed; None once the set is exhausted
+
+The rollout workers reuse their buffers at once (nothing learns), and an env that finds the episode set
+exhausted stops, so each episode of the set runs exactly once whatever the worker layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import signal as os_signal
+import time
+
+from signal_slot.signal_slot import Timer, signal
+
+from sfengine.buffers import SharedBuffers, SharedWeights
+from sfengine.config import Config
+from sfengine.env_registry import EnvFactory
+from sfengine.evaluation.episode_queue import EvalEpisode, SharedEpisodeQueue
+from sfengine.evaluation.video import EvalOutput
+from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
+from sfengine.hang_watch import HangWatch
+from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
+from sfengine.messages import EpisodeStats, WorkerReport
+from sfengine.models.actor_critic import ActorCritic
+from sfengine.runner import STOP_TIMEOUT_SEC, install_signal_handlers, terminate_processes
+from sfengine.spaces import ActionSpec, ObsSpec
+
+log = logging.getLogger(__name__)
+
+
+class EvalRunner(Component):
+    """Collects the finished episodes, prints progress, and stops the components once every worker is done."""
+
+    def __init__(self, event_loop, cfg: Config, num_episodes: int, hang_watch: HangWatch | None, leads: bool):
+        super().__init__(event_loop, "eval_runner")
+        self.cfg, self.num_episodes, self.hang_watch, self.leads = cfg, num_episodes, hang_watch, leads
+        self.episodes: list[EpisodeStats] = []
+        self.finished_workers: set[int] = set()
+        self.processes: list[EngineProcess] = []
+        self.error: str | None = None
+        self.stopping_since = 0.0
+        self.interrupts = 0
+        self.started = time.time()
+
+    @signal
+    def stop(self): ...
+
+    def on_start(self) -> None:
+        self.started = time.time()
+        self.watch_timer = Timer(self.event_loop, 0.1)
+        self.watch_timer.timeout.connect(self._watch)
+        self.status_timer = Timer(self.event_loop, max(self.cfg.run.report_every_sec, 0.5))
+        self.status_timer.timeout.connect(self._status)
+
+    def on_worker_report(self, report: WorkerReport) -> None:
+        if self.hang_watch is not None:
+            self.hang_watch.heard_from(f"rollout_worker_{report.worker}")
+        self.episodes.extend(report.episodes)
+        if report.finished:
+            self.finished_workers.add(report.worker)
+            if self.hang_watch is not None:
+                self.hang_watch.last_heard.pop(f"rollout_worker_{report.worker}", None)  # idle from now on
+
+    def on_inference_report(self, report) -> None:
+        if self.hang_watch is not None and len(self.finished_workers) < self.cfg.sampler.num_workers:
+            self.hang_watch.heard_from(f"inference_worker_{report.worker}")
+
+    def _watch(self) -> None:
+        if self.stopping_since:
+            if all(not p.is_alive() for p in self.processes):
+                self.event_loop.stop()
+            elif time.time() - self.stopping_since > STOP_TIMEOUT_SEC:
+                log.error("components did not stop within %.0f s; terminating them", STOP_TIMEOUT_SEC)
+                terminate_processes(self.processes)
+                self.event_loop.stop()
+            return
+        if len(self.finished_workers) == self.cfg.sampler.num_workers:
+            self._stop_all()
+        elif self.interrupts:
+            self._stop_all("interrupted by a signal")
+        elif dead := [p for p in self.processes if not p.is_alive()]:
+            self._stop_all("process died: " + ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead))
+        elif self.hang_watch is not None and (hung := self.hang_watch.hung()):
+            self._stop_all(f"hung: {self.hang_watch.describe(hung)}")
+
+    def _stop_all(self, error: str | None = None) -> None:
+        self.error = error
+        self.stopping_since = time.time()
+        self._status()
+        self.stop.emit()  # in serial mode the loop stops at the next tick, once the components have closed
+
+    def _status(self) -> None:
+        if not self.leads:
+            return
+        done, total = len(self.episodes), self.num_episodes
+        elapsed = time.time() - self.started
+        eta = elapsed / done * (total - done) if done else float("nan")
+        successes = [e.success for e in self.episodes if e.success == e.success]
+        line = f"[{elapsed:7.1f}s] episodes {done}/{total} ({100 * done / max(total, 1):.0f}%)"
+        line += f"  ETA {eta:.0f}s" if done < total and done else ""
+        line += f"  success {sum(successes) / len(successes):.3f}" if successes else ""
+        if self.episodes:
+            line += f"  return {sum(e.episode_return for e in self.episodes) / done:.2f}"
+        print(line, flush=True)
+
+
+def connect_evaluation(runner: EvalRunner, workers: list, inference_workers: list) -> None:
+    """The evaluation's data flow: the training graph without the batcher and the learner."""
+    for w, worker in enumerate(workers):
+        inference = inference_workers[w % len(inference_workers)]
+        worker.inference_request.connect(inference.on_inference_request)
+        inference.connect(policy_outputs_signal(w), worker.on_policy_outputs)
+        worker.report.connect(runner.on_worker_report)
+    for inference in inference_workers:
+        inference.report.connect(runner.on_inference_report)
+    for component in (*workers, *inference_workers):
+        component.event_loop.start.connect(component.on_start)
+        runner.stop.connect(component.on_stop)
+
+
+def run_evaluation(
+    cfg: Config,
+    env_factory: EnvFactory,
+    obs_spec: ObsSpec,
+    action_spec: ActionSpec,
+    model: ActorCritic,
+    policy_version: int,
+    episodes: list[EvalEpisode],
+    output: EvalOutput,
+    leads: bool = True,
+) -> tuple[list[EpisodeStats], str | None]:
+    """Run ``episodes`` with ``model``'s policy; return the finished episodes and the error that cut the
+    evaluation short (None when every episode ran)."""
+    from sfengine.rollout.rollout_worker import RolloutWorker
+
+    # Every episode is played with the one policy as soon as an env is free: never wait for a learner.
+    cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, async_rl=True))
+    mp_context = multiprocessing.get_context("spawn")
+    buffers = SharedBuffers.allocate(cfg, obs_spec, action_spec, evaluation=True)
+    weights = SharedWeights.allocate(model)
+    weights.publish(model, policy_version)
+    queue = SharedEpisodeQueue(episodes)
+
+    serial = cfg.sampler.serial_mode
+    runner_loop = EngineEventLoop("eval_runner_evt_loop", serial_mode=serial)
+    hang_watch = None if serial else HangWatch(cfg, buffers.splits)
+    runner = EvalRunner(runner_loop, cfg, len(episodes), hang_watch, leads)
+    runner_loop.start.connect(runner.on_start)
+    processes: list[EngineProcess] = []
+
+    def loop_for(name: str):
+        if serial:
+            return runner_loop
+        process = EngineProcess(f"{name}_process", mp_context)
+        processes.append(process)
+        return process.event_loop
+
+    workers = [
+        RolloutWorker(loop_for(f"rollout_worker_{w}"), w, cfg, buffers, env_factory, action_spec, queue, output)
+        for w in range(cfg.sampler.num_workers)
+    ]
+    deterministic = cfg.eval.eval_deterministic
+    inference_workers = [
+        InferenceWorker(
+            loop_for(f"inference_worker_{i}"), i, cfg, buffers, weights, obs_spec, action_spec, deterministic
+        )
+        for i in range(cfg.sampler.num_inference_workers)
+    ]
+    connect_evaluation(runner, workers, inference_workers)
+    runner.processes = processes
+    previous_handlers = install_signal_handlers(runner)
+    try:
+        for process in processes:
+            process.start()
+        runner_loop.exec()
+    except BaseException:
+        terminate_processes(processes)
+        raise
+    finally:
+        for signum, handler in previous_handlers.items():
+            os_signal.signal(signum, handler)
+    for process in processes:
+        process.join(STOP_TIMEOUT_SEC)
+    terminate_processes(processes)
+    return runner.episodes, runner.error
