@@ -4,14 +4,9 @@
 init state's index (scaled); the right action at every step is ``(task + init_state) % 2``; an episode lasts
 ``EPISODE_STEPS`` steps and succeeds when every action was right. ``reset(options={"task": t, "init_state": i})``
 follows the multi-task contract of ``sfengine.multitask``; the assignment is echoed in the reset info.
-
-With ``MULTITASK_TOY_RECORD=<path>`` in the environment, every env appends ``task init_state`` to that file when
-an episode ends: the envs' own record of what they played, for tests of exact coverage across processes.
 """
 
 from __future__ import annotations
-
-import os
 
 import gymnasium as gym
 import numpy as np
@@ -55,9 +50,6 @@ class MultiTaskToyEnv(gym.Env):
         self.correct += int(reward)
         done = self.steps >= EPISODE_STEPS
         info = {"success": self.correct == EPISODE_STEPS} if done else {}
-        if done and (record := os.environ.get("MULTITASK_TOY_RECORD")):
-            with open(record, "a") as f:  # one short write in append mode: lines of several processes stay whole
-                f.write(f"{self.task} {self.init_state}\n")
         return self._obs(), reward, done, False, info
 
 

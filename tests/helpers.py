@@ -45,22 +45,31 @@ RECORDING_SCRIPT = textwrap.dedent(
     import gymnasium as gym
 
     from sfengine import register_env
-    from sfengine.train import main
+    from sfengine.{module} import main
     from sfengine_envs.multitask_toy import make_multitask_toy
 
     LOG_DIR = {log_dir!r}
 
 
     class RecordsAssignments(gym.Wrapper):
-        # Appends every (task, init state) the env is reset to, one line each, to a file of its own.
+        # Appends every (task, init state) the env is reset to, one line each, to a file of its own (.txt), and
+        # every one it played to the end to another (.ended).
 
         def __init__(self, env, path):
             super().__init__(env)
             self.log = open(path, "a", buffering=1)
+            self.ended = open(path.removesuffix(".txt") + ".ended", "a", buffering=1)
 
         def reset(self, *, seed=None, options=None):
-            self.log.write(f"{{options['task']}} {{options['init_state']}}\\n")
+            self.assignment = f"{{options['task']}} {{options['init_state']}}\\n"
+            self.log.write(self.assignment)
             return self.env.reset(seed=seed, options=options)
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                self.ended.write(self.assignment)
+            return obs, reward, terminated, truncated, info
 
 
     def make_recorded_toy(ctx):
@@ -77,10 +86,11 @@ RECORDING_SCRIPT = textwrap.dedent(
 )
 
 
-def write_recording_script(script: Path, log_dir: Path) -> None:
-    """A user script whose env ``recorded_toy`` (multitask_toy) logs every assignment it receives to log_dir."""
+def write_recording_script(script: Path, log_dir: Path, module: str = "train") -> None:
+    """A user script that runs ``sfengine.<module>`` with an env ``recorded_toy`` (multitask_toy) that logs every
+    assignment it receives, and every episode it ends, to log_dir."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    script.write_text(RECORDING_SCRIPT.format(log_dir=str(log_dir)))
+    script.write_text(RECORDING_SCRIPT.format(log_dir=str(log_dir), module=module))
 
 
 def received_assignments(log_dir: Path, pattern: str = "*.txt") -> Counter:
