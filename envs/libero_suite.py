@@ -21,6 +21,10 @@ Observations (``obs_mode``):
 - ``rgb``: ``agentview`` and ``wrist`` ``uint8`` images of ``image_size`` pixels, flipped upright, plus
   ``proprio`` and ``task``.
 
+Videos (``render_size`` > 0, set by ``sfengine.evaluate --video_per_task``): ``render()`` returns the agentview
+camera at that size, upright. The observations stay as they are: the camera is only rendered when ``render()``
+is called, and its GL context is created on the first call, so an env that records nothing never holds one.
+
 Reward: ``reward_coef`` on success (sparse), and the episode terminates on success. Episodes are truncated at
 the suite's step limit (the simulator's own horizon is far above it and must never be reached). The task's
 language instruction is in the info of every reset and of the last step.
@@ -128,7 +132,7 @@ def load_suite(suite: str) -> tuple[SuiteTask, ...]:
 
 
 class LiberoSuiteEnv(gym.Env):
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
 
     def __init__(
         self,
@@ -139,11 +143,14 @@ class LiberoSuiteEnv(gym.Env):
         max_episode_steps: int = 0,
         reward_coef: float = 1.0,
         sim_cache: int = 1,
+        render_size: int = 0,
     ):
         if obs_mode not in ("state", "rgb"):
             raise ValueError(f"obs_mode must be 'state' or 'rgb', not {obs_mode!r}")
-        if obs_mode == "rgb":
+        if obs_mode == "rgb" or render_size:
             choose_headless_gl()  # before the first import of robosuite, which fixes the GL backend
+        self.render_size = render_size
+        self.render_mode = "rgb_array" if render_size else None
         self.suite, self.obs_mode, self.image_size = suite, obs_mode, image_size
         if sim_cache < 1:
             raise ValueError(f"sim_cache must be at least 1, not {sim_cache}")
@@ -249,6 +256,20 @@ class LiberoSuiteEnv(gym.Env):
         info = {"task": task, "init_state": init_state, "instruction": self.tasks[task].instruction}
         return self._obs(raw), info
 
+    def render(self) -> np.ndarray | None:
+        """The agentview camera at ``render_size`` pixels, upright (None when the env was built without it)."""
+        if not self.render_size or self.sim is None:
+            return None
+        sim = self.sim.env.sim
+        if sim._render_context_offscreen is None:
+            from robosuite.utils.binding_utils import MjRenderContextOffscreen
+
+            context = MjRenderContextOffscreen(sim, -1, max_width=self.render_size, max_height=self.render_size)
+            context.vopt.geomgroup[0] = 0  # collision meshes hidden, visual meshes shown, as robosuite's cameras
+            context.vopt.geomgroup[1] = 1
+        image = sim.render(self.render_size, self.render_size, camera_name="agentview")
+        return np.ascontiguousarray(image[::-1, ::-1])
+
     def _enable_observables(self, names: tuple[str, ...], enabled: bool) -> None:
         for name in names:
             self.sim.env.modify_observable(name, "enabled", enabled)
@@ -280,6 +301,7 @@ def make_libero_env(suite: str, ctx: EnvContext) -> gym.Env:
         reward_coef=options.libero_reward_coef if options else 1.0,
         max_episode_steps=ctx.max_episode_steps,
         sim_cache=max(options.libero_sim_cache, 1) if options else 1,
+        render_size=ctx.render_size,
     )
 
 

@@ -164,6 +164,8 @@ class EvalConfig:
     )
     eval_episodes: int = option(10, "single-task envs: episodes per evaluation, with seeds 0..N-1")
     episodes_per_init: int = option(1, "multi-task envs: episodes of each (task, init state) per evaluation")
+    eval_tasks: list[int] = option([], "multi-task envs: evaluate only these task indices (default: every task)")
+    eval_init_states: int = option(0, "multi-task envs: evaluate only each task's first N init states (0: all)")
     eval_deterministic: bool = option(True, "evaluate with the action distribution's mode; False: sample actions")
     video_per_task: int = option(0, "sfengine.evaluate: record this many episodes of each task as mp4")
     video_size: int = option(256, "width and height of recorded videos in pixels (even)")
@@ -439,7 +441,9 @@ def validate(cfg: Config) -> None:
     for name in ("eval_episodes", "episodes_per_init"):
         if getattr(ev, name) < 1:
             raise ConfigError(f"--{name}={getattr(ev, name)} must be at least 1")
-    for name in ("video_per_task", "eval_every_env_steps", "eval_episodes_per_task"):
+    if any(task < 0 for task in ev.eval_tasks):
+        raise ConfigError(f"--eval_tasks={ev.eval_tasks}: task indices start at 0")
+    for name in ("video_per_task", "eval_every_env_steps", "eval_episodes_per_task", "eval_init_states"):
         if getattr(ev, name) < 0:
             raise ConfigError(f"--{name}={getattr(ev, name)} must not be negative")
     if ev.video_size < 16 or ev.video_size % 2:

@@ -30,7 +30,7 @@ from sfengine.checkpoint import CheckpointError, list_checkpoints, load_checkpoi
 from sfengine.config import Config, ConfigError, parse_config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext, EnvFactory, env_sizer, resolve_env_factory
-from sfengine.evaluation.episode_queue import evaluation_episodes
+from sfengine.evaluation.episode_queue import evaluated_init_states, evaluation_episodes
 from sfengine.evaluation.evaluator import run_evaluation
 from sfengine.evaluation.report import EvalReport
 from sfengine.evaluation.video import EvalOutput
@@ -136,14 +136,22 @@ def main(argv: list[str] | None = None) -> int:
             check_renderer(cfg, factory, tasks)
         sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks, Machine.here(ranks.local_world_size))
         model, state = load_policy(cfg, checkpoint, obs_spec, action_spec)
-    except (ConfigError, CheckpointError) as exc:
+        pairs = evaluated_init_states(tasks, cfg.eval.eval_tasks, cfg.eval.eval_init_states) if tasks else None
+    except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"sfengine.evaluate: error: {exc}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
     ev = cfg.eval
     out_dir = cfg.experiment_dir / "eval" / checkpoint.stem
     episodes = evaluation_episodes(
-        tasks, ranks.rank, ranks.world_size, ev.episodes_per_init, ev.eval_episodes, ev.video_per_task
+        tasks,
+        ranks.rank,
+        ranks.world_size,
+        ev.episodes_per_init,
+        ev.eval_episodes,
+        ev.video_per_task,
+        ev.eval_tasks,
+        ev.eval_init_states,
     )
     output = EvalOutput(
         str(out_dir / "videos") if ev.video_per_task else None,
@@ -154,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     s = cfg.sampler
     if ranks.rank == 0:
         what = (
-            f"{len(tasks.task_names)} tasks, {sum(tasks.init_states_per_task)} (task, init state) pairs x "
+            f"{sum(1 for count in pairs if count)} tasks, {sum(pairs)} (task, init state) pairs x "
             f"{ev.episodes_per_init}"
             if tasks
             else f"{ev.eval_episodes} episodes (seeds 0..{ev.eval_episodes - 1})"
@@ -181,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     report = EvalReport(
         finished, tasks.task_names if tasks else None, tasks.instructions if tasks else None, cfg.env.env
     )
-    expected = (sum(tasks.init_states_per_task) * ev.episodes_per_init) if tasks else ev.eval_episodes
+    expected = sum(pairs) * ev.episodes_per_init if tasks else ev.eval_episodes
     settings = {
         "checkpoint": str(checkpoint),
         "env": cfg.env.env,

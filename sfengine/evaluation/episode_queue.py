@@ -31,6 +31,18 @@ class EvalEpisode(NamedTuple):
     video: bool  # record this episode as an mp4
 
 
+def evaluated_init_states(tasks: TaskInfo, only_tasks: list[int], init_states: int) -> list[int]:
+    """Init states per task that an evaluation covers: 0 for the tasks left out, at most ``init_states`` (0: all)
+    for the others. Raises ValueError naming a task index the env does not have."""
+    num_tasks = len(tasks.init_states_per_task)
+    if unknown := [t for t in only_tasks if t >= num_tasks]:
+        raise ValueError(f"--eval_tasks: the env has tasks 0..{num_tasks - 1}, not {unknown}")
+    return [
+        (min(count, init_states) if init_states else count) if not only_tasks or task in only_tasks else 0
+        for task, count in enumerate(tasks.init_states_per_task)
+    ]
+
+
 def evaluation_episodes(
     tasks: TaskInfo | None,
     rank: int,
@@ -38,30 +50,27 @@ def evaluation_episodes(
     episodes_per_init: int = 1,
     eval_episodes: int = 10,
     video_per_task: int = 0,
+    only_tasks: list[int] | None = None,
+    init_states: int = 0,
 ) -> list[EvalEpisode]:
     """This rank's episodes: every (task, init state) of its shard ``episodes_per_init`` times, task by task; or,
-    for a single-task env, its share of the seeds 0..eval_episodes-1. The first ``video_per_task`` episodes of
-    each task are recorded."""
+    for a single-task env, its share of the seeds 0..eval_episodes-1. ``only_tasks`` and ``init_states`` narrow
+    the set (see ``evaluated_init_states``). The first episode of each of the first ``video_per_task`` init
+    states of a task (the first seeds of a single-task env) is recorded."""
     if tasks is None:
         seeds = range(rank, eval_episodes, world_size)
         return [EvalEpisode(SINGLE_TASK, seed, seed < video_per_task) for seed in seeds]
+    counts = evaluated_init_states(tasks, only_tasks or [], init_states)
+    # The evaluated tasks are dealt to the ranks as a training run deals all of them (whole tasks, or pairs when
+    # there are more ranks than tasks), so every rank gets a share of a narrowed evaluation too.
+    evaluated = [task for task, count in enumerate(counts) if count]
+    compact = shard_pairs([counts[task] for task in evaluated], rank, world_size)
     episodes = []
-    for task, init_states in sorted(shard_pairs(tasks.init_states_per_task, rank, world_size).items()):
-        for init_state in init_states:
-            for _ in range(episodes_per_init):
-                episodes.append(EvalEpisode(task, init_state, False))
-    return mark_videos(episodes, video_per_task)
-
-
-def mark_videos(episodes: list[EvalEpisode], video_per_task: int) -> list[EvalEpisode]:
-    """The first ``video_per_task`` episodes of each task, marked for recording."""
-    recorded: dict[int, int] = {}
-    marked = []
-    for episode in episodes:
-        video = recorded.get(episode.task, 0) < video_per_task
-        recorded[episode.task] = recorded.get(episode.task, 0) + video
-        marked.append(episode._replace(video=video))
-    return marked
+    for task, states in sorted((evaluated[index], states) for index, states in compact.items()):
+        for init_state in states:
+            for repeat in range(episodes_per_init):
+                episodes.append(EvalEpisode(task, init_state, repeat == 0 and init_state < video_per_task))
+    return episodes
 
 
 class SharedEpisodeQueue:

@@ -31,7 +31,8 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     denominator = 1 + z * z / n
     center = (p + z * z / (2 * n)) / denominator
     half = z / denominator * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, center - half), min(1.0, center + half)
+    # At 0 or n successes the bound is exactly 0 or 1; the formula leaves rounding error there.
+    return (0.0 if successes == 0 else center - half), (1.0 if successes == n else center + half)
 
 
 @dataclass

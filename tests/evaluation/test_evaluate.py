@@ -24,7 +24,9 @@ ALL_PAIRS = [Assignment(t, i) for t, i in product(range(NUM_TASKS), range(NUM_IN
 def evaluate(*args: str, script: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     command = [sys.executable, str(script)] if script else [sys.executable, "-m", "sfengine.evaluate"]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([*command, "--report_every_sec=2", *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [*command, "--report_every_sec=2", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.fixture(scope="module")
