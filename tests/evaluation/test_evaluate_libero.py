@@ -8,7 +8,6 @@ from collections import Counter
 
 import imageio.v3 as iio
 import pytest
-
 from test_evaluate import evaluate
 
 pytest.importorskip("libero", reason="the libero extra is not installed: pip install -e '.[libero]'")
