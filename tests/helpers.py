@@ -33,6 +33,15 @@ def run_train(train_dir: Path, experiment: str, *args: str, timeout: float = 600
     )
 
 
+def evaluate(*args: str, script: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m sfengine.evaluate`` (or a user script that runs it) with these arguments."""
+    command = [sys.executable, str(script)] if script else [sys.executable, "-m", "sfengine.evaluate"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run(
+        [*command, "--report_every_sec=2", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
 def read_summary(train_dir: Path, experiment: str) -> dict:
     return json.loads((train_dir / experiment / "summary.json").read_text())
 

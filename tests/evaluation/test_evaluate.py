@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -14,19 +13,11 @@ from pathlib import Path
 import imageio.v3 as iio
 import pytest
 
-from helpers import leaked_shm, received_assignments, run_train, shm_entries, write_recording_script
+from helpers import evaluate, leaked_shm, received_assignments, run_train, shm_entries, write_recording_script
 from sfengine.scheduler import Assignment
 from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
 
 ALL_PAIRS = [Assignment(t, i) for t, i in product(range(NUM_TASKS), range(NUM_INIT_STATES))]
-
-
-def evaluate(*args: str, script: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(script)] if script else [sys.executable, "-m", "sfengine.evaluate"]
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run(
-        [*command, "--report_every_sec=2", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ from collections import Counter
 
 import imageio.v3 as iio
 import pytest
-from test_evaluate import evaluate
+
+from helpers import evaluate
 
 pytest.importorskip("libero", reason="the libero extra is not installed: pip install -e '.[libero]'")
 
