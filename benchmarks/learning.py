@@ -28,6 +28,7 @@ from pathlib import Path
 
 from benchmarks.peer_record import write_json
 from sfengine.events import read_scalars
+from sfengine.plot import Series, plot_metrics
 
 PEERS = {"sb3": "benchmarks.peer_sb3", "cleanrl": "benchmarks.peer_cleanrl"}
 # CleanRL's published ppo_continuous_action returns at 1M steps (3 seeds, MuJoCo v4): the issue's bar.
@@ -134,36 +135,21 @@ def markdown(table: dict) -> str:
 
 
 def plot(out_dir: Path, env: str) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Return against env steps and wall time, every run of every system on one figure (sfengine.plot's)."""
     runs = [json.loads(p.read_text()) for p in sorted((out_dir / env).glob("*_seed*.json"))]
-    if not runs:
+    if not any(run["curve"] for run in runs):
         return None
-    figure, (by_steps, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    labelled: set[str] = set()
+    name = "return (mean of last 100 episodes)"
+    lines, labelled = [], set()
     for run in runs:
-        if not run["curve"]:
-            continue
-        steps, seconds, returns = zip(*run["curve"])
-        label = None if run["system"] in labelled else run["system"]
-        labelled.add(run["system"])
-        color = COLORS.get(run["system"])
-        by_steps.plot(steps, returns, color=color, label=label, linewidth=1)
-        by_time.plot(seconds, returns, color=color, label=label, linewidth=1)
-    if env in CLEANRL_PUBLISHED:
-        by_steps.axhline(CLEANRL_PUBLISHED[env][0], color="gray", linestyle="--", label="CleanRL published, 1M")
-    by_steps.set(xlabel="env steps", ylabel="return (mean of last 100 episodes)", title=f"{env}: sample efficiency")
-    by_time.set(xlabel="wall-clock seconds", title=f"{env}: time (one line per seed)")
-    by_time.set_xscale("log")
-    by_steps.legend(loc="upper left")
-    figure.tight_layout()
-    path = out_dir / f"{env}.png"
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+        if run["curve"]:
+            steps, seconds, returns = (list(column) for column in zip(*run["curve"]))
+            label = None if run["system"] in labelled else run["system"]
+            labelled.add(run["system"])
+            lines.append(Series(label, steps, seconds, returns, COLORS.get(run["system"])))
+    references = {name: [("CleanRL published, 1M", CLEANRL_PUBLISHED[env][0])]} if env in CLEANRL_PUBLISHED else {}
+    title = f"{env}: one line per seed; time on a log scale"
+    return plot_metrics({name: lines}, out_dir / f"{env}.png", title, log_time=True, references=references)
 
 
 def main() -> None:
