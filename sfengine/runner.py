@@ -35,6 +35,7 @@ from sfengine.learning.learner_worker import LearnerWorker
 from sfengine.messages import InferenceReport, LearnerReport, WorkerReport
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo
+from sfengine.progress import end_summary, progress
 from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine.spaces import ActionSpec, ObsSpec
 from sfengine.stats import FPS_WINDOWS, RunStats
@@ -206,8 +207,9 @@ class Runner(Component):
         split = stats.time_split()
         learner = stats.take_learner_means()
         ret = summary["episode_return_mean"]
+        done = progress(self.cfg, stats.env_steps, stats.initial_env_steps, summary["wall_seconds"], fps[60] or fps[10])
         line = (
-            f"[{summary['wall_seconds']:7.1f}s] steps {stats.env_steps:>10,}  FPS "
+            f"[{summary['wall_seconds']:7.1f}s] steps {stats.env_steps:>10,} ({done})  FPS "
             + "/".join(f"{fps[w]:.0f}" for w in FPS_WINDOWS)
             + f" (10/60/300s)  return {ret if ret is None else round(ret, 2)}"
             + (f"  success {summary['success_rate']:.2f}" if "success_rate" in summary else "")
@@ -354,6 +356,7 @@ def run(
     terminate_processes(components.processes)
     summary = runner.finish()
     if runner.leads:
+        print(end_summary(cfg, summary), flush=True)
         print(json.dumps(summary), flush=True)
     return runner.exit_code
 

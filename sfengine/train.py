@@ -20,6 +20,7 @@ from sfengine.env_registry import EnvContext, EnvFactory, env_sizer, resolve_env
 from sfengine.event_loop import configure_logging
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo, task_info
+from sfengine.progress import start_block
 from sfengine.sizing import Machine, resolve_auto_options
 from sfengine.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space
 
@@ -123,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # nothing to train: starting the workers would only wait for a batch the learner may not take
     from sfengine.runner import run
 
+    if ranks.rank == 0:
+        print(start_block(cfg, resume_state["env_steps"] if resume_state else 0, ranks.world_size), flush=True)
     return run(cfg, factory, obs_spec, action_spec, model, resume_state, tasks)
 
 

@@ -200,6 +200,15 @@ def test_run_writes_config_tensorboard_checkpoints_every_few_seconds_and_summary
     events = b"".join(p.read_bytes() for p in (experiment / "tensorboard").glob("events.out.tfevents.*"))
     for tag in (b"perf/fps_10s", b"episodes/episode_return_mean", b"train/loss", b"train/clip_fraction"):
         assert tag in events, tag
+    # What a person reads: the start block, progress towards the stop with an ETA, and a summary before the JSON.
+    out = result.stdout
+    assert "sfengine: PPO on CartPole-v1" in out and f"tensorboard --logdir {experiment / 'tensorboard'}" in out
+    progress = [(int(steps.replace(",", "")), int(p)) for steps, p in re.findall(r"steps +([\d,]+) \((\d+)%, ETA", out)]
+    assert len(progress) >= 2 and progress[-1][0] > 0
+    assert all(percent == min(round(100 * steps / 40000), 100) for steps, percent in progress), progress
+    last_lines = out.strip().splitlines()
+    assert last_lines[-1].startswith("{") and any(line.startswith("done: reached") for line in last_lines[-4:])
+    assert f"python -m sfengine.plot --train_dir={train_dir} --experiment=files" in out
 
 
 def test_train_for_seconds_stops_the_run_cleanly_on_time(train_dir):
