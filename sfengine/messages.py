@@ -62,3 +62,19 @@ class LearnerReport(NamedTuple):
     other_ranks_episodes: list[EpisodeStats] = []  # multi-rank, on rank 0: episodes the other ranks finished
     ranks_in_sync: bool = True  # every rank held the same weights at the last exchange
     stop_agreed: bool = False  # a rank asked to stop, and every rank stops now
+
+
+class EvalResult(NamedTuple):
+    """training evaluator -> runner: one evaluation of the weights of ``policy_version``."""
+
+    env_steps: int  # env steps trained when the evaluation was asked for
+    policy_version: int
+    episodes: list[EpisodeStats]
+    wall_sec: float
+
+
+class EvaluatorReport(NamedTuple):
+    """training evaluator -> runner, about once a second: its CPU share."""
+
+    busy_sec: float
+    wall_sec: float

@@ -27,12 +27,14 @@ from sfengine.buffers import SharedBuffers, SharedWeights
 from sfengine.config import Config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory
+from sfengine.evaluation.report import EvalReport
+from sfengine.evaluation.training_evaluator import TrainingEvaluator
 from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
 from sfengine.hang_watch import HangWatch
 from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
 from sfengine.learning.batcher import Batcher, buffers_released_signal
 from sfengine.learning.learner_worker import LearnerWorker
-from sfengine.messages import InferenceReport, LearnerReport, WorkerReport
+from sfengine.messages import EvalResult, EvaluatorReport, InferenceReport, LearnerReport, WorkerReport
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo
 from sfengine.progress import end_summary, progress
@@ -54,6 +56,7 @@ class Components:
     batcher: Batcher
     learner: LearnerWorker
     processes: list[EngineProcess]
+    evaluator: TrainingEvaluator | None = None  # --eval_every_env_steps, rank 0 only
 
 
 def connect_components(runner: Runner, c: Components, num_inference_workers: int) -> None:
@@ -73,7 +76,13 @@ def connect_components(runner: Runner, c: Components, num_inference_workers: int
     c.learner.report.connect(runner.on_learner_report)
     runner.rank_episodes.connect(c.learner.on_rank_episodes)
     runner.stop_requested.connect(c.learner.on_stop_requested)
-    for component in (*c.workers, *c.inference_workers, c.learner):
+    components = [*c.workers, *c.inference_workers, c.learner]
+    if c.evaluator is not None:
+        runner.evaluate.connect(c.evaluator.on_evaluate)
+        c.evaluator.evaluation_done.connect(runner.on_evaluation_done)
+        c.evaluator.report.connect(runner.on_evaluator_report)
+        components.append(c.evaluator)
+    for component in components:
         component.event_loop.start.connect(component.on_start)
         runner.stop.connect(component.on_stop)
 
@@ -100,6 +109,9 @@ class Runner(Component):
         self.ranks = RankInfo.from_environment()
         self.leads = self.ranks.rank == 0  # rank 0 prints, and writes TensorBoard and summary.json
         self.stop_asked: tuple[str, float] | None = None  # multi-rank: (reason, when) of a stop not yet agreed
+        every = cfg.eval.eval_every_env_steps
+        self.next_evaluation = (initial_env_steps // every + 1) * every if every else None
+        self.evaluations: list[dict] = []  # the training evaluator's results, for summary.json
 
     @signal
     def stop(self): ...
@@ -109,6 +121,9 @@ class Runner(Component):
 
     @signal
     def stop_requested(self): ...
+
+    @signal
+    def evaluate(self): ...
 
     def on_start(self) -> None:
         if self.leads:
@@ -133,10 +148,49 @@ class Runner(Component):
 
     def on_learner_report(self, report: LearnerReport) -> None:
         self.stats.add_learner_report(report)
+        if self.next_evaluation is not None and report.env_steps >= self.next_evaluation and self.leads:
+            every = self.cfg.eval.eval_every_env_steps
+            self.next_evaluation = (report.env_steps // every + 1) * every
+            self.evaluate.emit(report.env_steps)
         if report.stop_agreed:
             self.request_stop(self.stop_asked[0] if self.stop_asked else "another rank stopped")
         elif self.stats.env_steps >= self.cfg.run.train_for_env_steps:
             self.request_stop(f"reached {self.stats.env_steps} env steps")
+
+    def on_evaluator_report(self, report: EvaluatorReport) -> None:
+        self.stats.add_evaluator_report(report)
+
+    def on_evaluation_done(self, result: EvalResult) -> None:
+        """An evaluation of the weights of ``result.policy_version``: TensorBoard, a line, and summary.json."""
+        report = EvalReport(result.episodes, self.stats.task_names)
+        overall = report.overall
+        record = {
+            "env_steps": result.env_steps,
+            "policy_version": result.policy_version,
+            "episodes": overall.episodes,
+            "success": overall.success_rate,
+            "return": overall.return_mean,
+            "length": overall.length_mean,
+            "wall_sec": round(result.wall_sec, 2),
+        }
+        if report.tasks:
+            record["per_task_success"] = {task.name: task.success_rate for task in report.tasks}
+        self.evaluations.append(record)
+        success = f"success {overall.success_rate:.3f}, " if overall.success_rate is not None else ""
+        print(
+            f"evaluation at {result.env_steps:,} env steps (policy version {result.policy_version}): {success}"
+            f"return {overall.return_mean:.2f} over {overall.episodes} episodes in {result.wall_sec:.1f} s",
+            flush=True,
+        )
+        if self.writer is None:
+            return
+        if overall.success_rate is not None:
+            self.writer.add_scalar("eval/success", overall.success_rate, result.env_steps)
+        self.writer.add_scalar("eval/return", overall.return_mean, result.env_steps)
+        self.writer.add_scalar("eval/length", overall.length_mean, result.env_steps)
+        for task in report.tasks:
+            if task.success_rate is not None:
+                self.writer.add_scalar(f"eval/tasks/{task.name}/success", task.success_rate, result.env_steps)
 
     def _stop_every_rank(self, reason: str) -> None:
         """A stop this rank decided alone (the clock, a signal). Ranks must stop after the same training batch,
@@ -247,6 +301,8 @@ class Runner(Component):
         """Write summary.json (rank 0) and close TensorBoard; called once the loop has exited."""
         summary = self.stats.summary()
         summary.update(stop_reason=self.stop_reason, exit_code=self.exit_code, world_size=self.ranks.world_size)
+        if self.evaluations:
+            summary["eval"] = self.evaluations
         if not self.leads:
             return summary
         path = self.cfg.experiment_dir / "summary.json"
@@ -279,6 +335,7 @@ def build_components(
     resume_state: dict | None,
     mp_context,
     task_sequence: SharedTaskSequence | None = None,
+    tasks: TaskInfo | None = None,
 ) -> Components:
     from sfengine.rollout.rollout_worker import RolloutWorker
 
@@ -306,7 +363,10 @@ def build_components(
     learner = LearnerWorker(
         learner_loop, cfg, buffers, weights, obs_spec, action_spec, batcher, resume_state, task_sequence
     )
-    return Components(workers, inference_workers, batcher, learner, processes)
+    evaluator = None
+    if cfg.eval.eval_every_env_steps and RankInfo.from_environment().rank == 0:
+        evaluator = TrainingEvaluator(loop_for("evaluator"), cfg, weights, env_factory, obs_spec, action_spec, tasks)
+    return Components(workers, inference_workers, batcher, learner, processes, evaluator)
 
 
 def run(
@@ -335,7 +395,17 @@ def run(
     runner = Runner(runner_loop, cfg, initial_env_steps, task_names, hang_watch)
     runner_loop.start.connect(runner.on_start)
     components = build_components(
-        cfg, runner_loop, buffers, weights, env_factory, obs_spec, action_spec, resume_state, mp_context, task_sequence
+        cfg,
+        runner_loop,
+        buffers,
+        weights,
+        env_factory,
+        obs_spec,
+        action_spec,
+        resume_state,
+        mp_context,
+        task_sequence,
+        tasks,
     )
     connect_components(runner, components, cfg.sampler.num_inference_workers)
     runner.processes = components.processes

@@ -8,7 +8,7 @@ from collections import deque
 
 import numpy as np
 
-from sfengine.messages import EpisodeStats, InferenceReport, LearnerReport, WorkerReport
+from sfengine.messages import EpisodeStats, EvaluatorReport, InferenceReport, LearnerReport, WorkerReport
 
 FPS_WINDOWS = (10, 60, 300)
 
@@ -67,6 +67,7 @@ class RunStats:
         self.inference_busy = self.inference_wall = 0.0
         self.inference_requests = self.inference_batches = 0
         self.learner_busy = self.batcher_busy = 0.0
+        self.evaluator_busy = self.evaluator_wall = 0.0
         self.env_cost = EnvCost()
 
     def add_worker_report(self, report: WorkerReport) -> None:
@@ -94,6 +95,10 @@ class RunStats:
         self.inference_wall += report.wall_sec
         self.inference_requests += report.requests
         self.inference_batches += report.batches
+
+    def add_evaluator_report(self, report: EvaluatorReport) -> None:
+        self.evaluator_busy += report.busy_sec
+        self.evaluator_wall += report.wall_sec
 
     def add_learner_report(self, report: LearnerReport) -> None:
         self.add_episodes(report.other_ranks_episodes)
@@ -136,6 +141,8 @@ class RunStats:
             "learner": self.learner_busy / wall,
             "batcher": self.batcher_busy / wall,
         }
+        if self.evaluator_wall:
+            split["evaluator"] = self.evaluator_busy / self.evaluator_wall
         self._reset_time_split()
         return split
 

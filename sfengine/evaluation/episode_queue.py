@@ -96,3 +96,22 @@ class SharedEpisodeQueue:
 
     def record(self, task: int, success: bool) -> None:
         """Outcomes go to the evaluation's report, not to a curriculum."""
+
+
+def training_evaluation_episodes(
+    tasks: TaskInfo | None, evaluation: int, per_task: int = 0, eval_episodes: int = 10
+) -> list[EvalEpisode]:
+    """The episodes of the ``evaluation``-th evaluation during training (every task, on rank 0). With
+    ``per_task`` > 0 each task plays that many init states, continuing from where the previous evaluation
+    stopped, so that over evaluations every init state is seen (5 states, 2 per evaluation: [0,1], [2,3], [4,0]).
+    Single-task envs replay the seeds 0..eval_episodes-1, so evaluations compare like with like."""
+    if tasks is None:
+        return [EvalEpisode(SINGLE_TASK, seed, False) for seed in range(eval_episodes)]
+    episodes = []
+    for task, count in enumerate(tasks.init_states_per_task):
+        if not per_task or per_task >= count:
+            states = range(count)
+        else:
+            states = [(evaluation * per_task + j) % count for j in range(per_task)]
+        episodes.extend(EvalEpisode(task, init_state, False) for init_state in states)
+    return episodes

@@ -1,0 +1,181 @@
+"""The evaluator during training: the current weights, its own envs, its own process, while training goes on.
+
+    Runner --evaluate(env_steps)--> TrainingEvaluator (process "evaluator")
+                                      pull the published weights (SharedWeights, as an inference worker does)
+                                      play the evaluation's episodes with the distribution's mode, a slice of
+                                      steps per loop tick (so a stop is never kept waiting)
+    Runner <--evaluation_done(EvalResult)--+   TensorBoard eval/..., summary.json "eval"
+    Runner <--report(EvaluatorReport)------+   its CPU share in the status line's time split
+
+It plays ``envs_per_split`` envs side by side, one batched forward per step. A request that arrives during an
+evaluation is dropped: evaluations never queue up behind a slow env. Multi-task envs: every task, with
+``--eval_episodes_per_task`` init states each, cycling across evaluations; single-task envs: seeds 0..N-1.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+from signal_slot.signal_slot import Timer, signal
+
+from sfengine.buffers import SharedWeights
+from sfengine.config import Config
+from sfengine.env_registry import EnvContext, EnvFactory
+from sfengine.evaluation.episode_queue import SINGLE_TASK, EvalEpisode, training_evaluation_episodes
+from sfengine.event_loop import Component, stop_own_loop
+from sfengine.messages import EpisodeStats, EvalResult, EvaluatorReport
+from sfengine.models.actor_critic import ActorCritic
+from sfengine.multitask import TaskInfo
+from sfengine.spaces import ActionSpec, ObsSpec, obs_as_dict
+
+log = logging.getLogger(__name__)
+
+SLICE_SEC = 0.2  # the longest the evaluator keeps its loop between two looks at its inbox
+
+
+class TrainingEvaluator(Component):
+    def __init__(
+        self,
+        event_loop,
+        cfg: Config,
+        weights: SharedWeights,
+        env_factory: EnvFactory,
+        obs_spec: ObsSpec,
+        action_spec: ActionSpec,
+        tasks: TaskInfo | None,
+    ):
+        super().__init__(event_loop, "evaluator")
+        self.cfg, self.weights, self.env_factory = cfg, weights, env_factory
+        self.obs_spec, self.action_spec, self.tasks = obs_spec, action_spec, tasks
+        self.evaluations = 0
+        self.pending: list[EvalEpisode] = []
+        self.stopped = False
+
+    @signal
+    def evaluation_done(self): ...
+
+    @signal
+    def report(self): ...
+
+    def on_start(self) -> None:
+        torch.set_num_threads(1)
+        cfg = self.cfg
+        self.model = ActorCritic(self.obs_spec, self.action_spec, cfg.model).eval()
+        num_envs = cfg.envs_per_split
+        # Seeds apart from every rollout worker's (single-task episodes reset with their own seed anyway).
+        self.contexts = [
+            EnvContext(cfg.env.env, -1, i, cfg.env.seed * 1_000_003 - 1 - i, cfg.env.max_episode_steps, cfg.env)
+            for i in range(num_envs)
+        ]
+        self.envs = [self.env_factory(ctx) for ctx in self.contexts]
+        self.playing: list[EvalEpisode | None] = [None] * num_envs
+        self.obs: list[dict | None] = [None] * num_envs
+        self.returns = np.zeros(num_envs)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+        if not self.action_spec.discrete:
+            self.low = np.asarray(self.action_spec.low, dtype=np.float32)
+            self.high = np.asarray(self.action_spec.high, dtype=np.float32)
+        self.busy_sec, self.window_start = 0.0, time.perf_counter()
+        self.step_timer = Timer(self.event_loop, 0.01)
+        self.step_timer.timeout.connect(self._play)
+        self.report_timer = Timer(self.event_loop, 1.0)
+        self.report_timer.timeout.connect(self._send_report)
+
+    def on_evaluate(self, env_steps: int) -> None:
+        """Start an evaluation of the weights published now, unless one is running."""
+        if self.pending or any(self.playing) or self.stopped:
+            return
+        started = time.perf_counter()
+        self.version = self.weights.pull(self.model)
+        self.env_steps = env_steps
+        self.pending = training_evaluation_episodes(
+            self.tasks, self.evaluations, self.cfg.eval.eval_episodes_per_task, self.cfg.eval.eval_episodes
+        )
+        self.evaluations += 1
+        self.finished: list[EpisodeStats] = []
+        self.eval_started = time.time()
+        for i in range(len(self.envs)):
+            self._next_episode(i)
+        self.busy_sec += time.perf_counter() - started
+
+    def _next_episode(self, i: int) -> None:
+        if not self.pending:
+            self.playing[i] = None
+            return
+        episode = self.pending.pop(0)
+        self.playing[i] = episode
+        options = None if episode.task == SINGLE_TASK else {"task": episode.task, "init_state": episode.init_state}
+        try:
+            obs, _ = self.envs[i].reset(seed=episode.init_state if options is None else None, options=options)
+        except Exception:  # noqa: BLE001  (a simulator failure costs the evaluation one episode, never the run)
+            self._replace_failed_env(i, "reset")
+            self._next_episode(i)
+            return
+        self.obs[i] = obs_as_dict(obs)
+        self.returns[i], self.lengths[i] = 0.0, 0
+
+    def _play(self) -> None:
+        """Step the evaluation for up to SLICE_SEC, then give the loop back."""
+        if self.stopped or not any(self.playing):
+            return
+        started = time.perf_counter()
+        while any(self.playing) and time.perf_counter() - started < SLICE_SEC:
+            self._step()
+        self.busy_sec += time.perf_counter() - started
+        if not any(self.playing):
+            self._finish()
+
+    def _step(self) -> None:
+        active = [i for i, episode in enumerate(self.playing) if episode is not None]
+        with torch.inference_mode():
+            batch = {key: torch.as_tensor(np.stack([self.obs[i][key] for i in active])) for key in self.obs[active[0]]}
+            actions = self.model.act(batch, self.cfg.eval.eval_deterministic).actions.numpy()
+        if not self.action_spec.discrete:
+            actions = np.clip(actions, self.low, self.high)
+        for action, i in zip(actions, active):
+            try:
+                obs, reward, terminated, truncated, info = self.envs[i].step(action)
+            except Exception:  # noqa: BLE001  (as in reset: the episode is dropped, the env rebuilt)
+                self._replace_failed_env(i, "step")
+                self._next_episode(i)
+                continue
+            self.returns[i] += reward
+            self.lengths[i] += 1
+            self.obs[i] = obs_as_dict(obs)
+            if terminated or truncated:
+                episode = self.playing[i]
+                success = float(info.get("success", info.get("is_success", np.nan)))
+                self.finished.append(
+                    EpisodeStats(
+                        float(self.returns[i]), int(self.lengths[i]), success, episode.task, episode.init_state
+                    )
+                )
+                self._next_episode(i)
+
+    def _replace_failed_env(self, i: int, call: str) -> None:
+        log.exception("evaluator env %d: %s failed; rebuilding it and dropping its episode", i, call)
+        try:
+            self.envs[i].close()
+        except Exception:  # noqa: BLE001  (already broken; closing is best effort)
+            pass
+        self.envs[i] = self.env_factory(self.contexts[i])
+
+    def _finish(self) -> None:
+        result = EvalResult(self.env_steps, self.version, self.finished, time.time() - self.eval_started)
+        self.evaluation_done.emit(result)
+
+    def _send_report(self) -> None:
+        now = time.perf_counter()
+        self.report.emit(EvaluatorReport(self.busy_sec, now - self.window_start))
+        self.busy_sec, self.window_start = 0.0, now
+
+    def on_stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        for env in getattr(self, "envs", []):
+            env.close()
+        stop_own_loop(self)
