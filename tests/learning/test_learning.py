@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import read_summary, run_train
+from sfengine.events import read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -88,3 +89,22 @@ def test_dict_observation_with_image_learns_through_the_cnn(train_dir, inference
     assert summary["episode_return_mean"] >= 11.0
     # The env reports info["success"] (>= 12 right of 16): a random policy succeeds in 4% of episodes.
     assert summary["success_rate"] >= 0.3
+
+
+def test_cartpole_with_the_evaluator_running_reaches_the_same_threshold(train_dir):
+    args = ["--cfg=cartpole", "--train_for_env_steps=300000", "--eval_every_env_steps=50000"]
+    result = run_train(train_dir, "evaluated", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(train_dir, "evaluated")
+    assert summary["episode_return_mean"] >= 400, summary
+    evaluations = summary["eval"]
+    assert len(evaluations) >= 4
+    steps = [e["env_steps"] for e in evaluations]
+    # One evaluation per 50k interval at most (asked when the learner crosses a multiple), in order.
+    assert all(a // 50000 < b // 50000 for a, b in zip(steps, steps[1:])) and steps[0] >= 50000
+    assert [e["policy_version"] for e in evaluations] == sorted(e["policy_version"] for e in evaluations)
+    assert all(e["episodes"] == 10 for e in evaluations)  # --eval_episodes: seeds 0..9 each time
+    assert evaluations[-1]["return"] >= 400  # the mode of a trained policy balances the pole
+    curves = read_scalars(train_dir / "evaluated")
+    assert [p.step for p in curves["eval/return"]] == steps
+    assert "evaluator" in result.stdout  # its CPU share in the status line's time split

@@ -1,0 +1,43 @@
+"""The evaluator during training on a multi-task env: per-task results, cycling init states."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from helpers import read_summary, run_train
+from sfengine.evaluation.episode_queue import SINGLE_TASK, EvalEpisode, training_evaluation_episodes
+from sfengine.events import read_scalars
+from sfengine.multitask import TaskInfo
+from sfengine_envs.multitask_toy import NUM_TASKS
+
+
+def test_capped_evaluations_cycle_through_every_init_state():
+    tasks = TaskInfo(["a", "b"], [5, 2])
+    rounds = [training_evaluation_episodes(tasks, r, per_task=2) for r in range(5)]
+    assert [[e.init_state for e in episodes if e.task == 0] for episodes in rounds[:3]] == [[0, 1], [2, 3], [4, 0]]
+    assert all([e.init_state for e in episodes if e.task == 1] == [0, 1] for episodes in rounds)
+    # Over five evaluations of two states each, every init state of task 0 came up exactly twice.
+    assert Counter(e.init_state for episodes in rounds for e in episodes if e.task == 0) == Counter(
+        {s: 2 for s in range(5)}
+    )
+    assert len(training_evaluation_episodes(tasks, 0)) == 7  # no cap: every pair
+    assert training_evaluation_episodes(None, 3, eval_episodes=3) == [
+        EvalEpisode(SINGLE_TASK, s, False) for s in range(3)
+    ]
+
+
+def test_evaluator_reports_per_task_success_to_tensorboard_and_summary(train_dir):
+    args = ["--env=multitask_toy", "--train_for_env_steps=20000", "--num_workers=1", "--eval_every_env_steps=4000"]
+    result = run_train(train_dir, "toy_eval", *args, "--eval_episodes_per_task=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluations = read_summary(train_dir, "toy_eval")["eval"]
+    assert len(evaluations) >= 3
+    names = {f"toy_task_{t}" for t in range(NUM_TASKS)}
+    for evaluation in evaluations:
+        assert evaluation["episodes"] == 2 * NUM_TASKS
+        assert set(evaluation["per_task_success"]) == names
+        assert evaluation["success"] == sum(evaluation["per_task_success"].values()) / NUM_TASKS
+    curves = read_scalars(train_dir / "toy_eval")
+    assert len(curves["eval/success"]) == len(evaluations)
+    for name in names:
+        assert len(curves[f"eval/tasks/{name}/success"]) == len(evaluations)
