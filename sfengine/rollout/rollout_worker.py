@@ -251,7 +251,8 @@ class RolloutWorker(Component):
         options = None
         episode = None
         if self.task_sequence is not None:
-            episode = self.task_sequence.next()
+            # An evaluation keeps each env on its task while the task has episodes left (one simulator per task).
+            episode = self.task_sequence.next(int(split.tasks[i])) if self.evaluation else self.task_sequence.next()
             if episode is None:
                 split.active[i] = False
                 return None
