@@ -340,12 +340,16 @@ def preset_help() -> str:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m sfengine.train",
-        description="Train an RL agent with sfengine. Options are grouped below; every one can also be set in a "
-        "YAML preset given with --cfg.",
-    )
+TRAIN_DESCRIPTION = (
+    "Train an RL agent with sfengine. Options are grouped below; every one can also be set in a YAML preset given "
+    "with --cfg."
+)
+
+
+def build_parser(
+    prog: str = "python -m sfengine.train", description: str = TRAIN_DESCRIPTION
+) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--cfg", default=None, help=preset_help())
     for group_name, group_cls in GROUPS.items():
         group = parser.add_argument_group(group_name)
@@ -455,9 +459,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError("--device=cuda but torch sees no CUDA device; use --device=cpu")
 
 
-def parse_config(argv: list[str] | None = None) -> Config:
+def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> Config:
     """Parse the command line into a validated Config. Raises ConfigError on bad input."""
-    parser = build_parser()
+    parser = parser or build_parser()
     try:
         namespace = parser.parse_args(argv)
     except SystemExit as exc:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from sfengine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from sfengine.config import Config, ConfigError, parse_config
+from sfengine.config import Config, ConfigError, build_parser, parse_config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext, EnvFactory, env_sizer, resolve_env_factory
 from sfengine.evaluation.episode_queue import evaluated_init_states, evaluation_episodes
@@ -41,6 +41,10 @@ from sfengine.multitask import TaskInfo
 from sfengine.sizing import Machine, resolve_auto_options
 from sfengine.train import probe_env
 
+EVALUATE_HELP = (
+    "Evaluates a checkpoint (--checkpoint, or the latest of --experiment) with the options of the 'eval' group; "
+    "the run's saved config supplies the rest, and any option given here overrides it."
+)
 GATHER_TIMEOUT = datetime.timedelta(hours=12)  # ranks finish their shards at different times
 
 
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = parse_config(locate_checkpoint(argv))
+        parser = build_parser("python -m sfengine.evaluate", __doc__.split("\n\n")[0] + " " + EVALUATE_HELP)
+        cfg = parse_config(locate_checkpoint(argv), parser)
         checkpoint = resolve_checkpoint(cfg)
         factory = resolve_env_factory(cfg.env.env)
         obs_spec, action_spec, tasks = probe_env(cfg, factory)
