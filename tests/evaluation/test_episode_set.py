@@ -1,0 +1,69 @@
+"""The evaluation's episode set and its statistics, without processes."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from sfengine.evaluation.episode_queue import SharedEpisodeQueue, evaluation_episodes
+from sfengine.evaluation.report import EvalReport, wilson_interval
+from sfengine.messages import EpisodeStats
+from sfengine.multitask import TaskInfo
+
+TASKS = TaskInfo(["a", "b", "c"], [4, 2, 3], ["pick a", "pick b", "pick c"])
+
+
+@pytest.mark.parametrize(
+    "successes, n, expected",
+    [(5, 10, (0.2366, 0.7634)), (0, 10, (0.0, 0.2775)), (10, 10, (0.7225, 1.0)), (45, 50, (0.7864, 0.9565))],
+)
+def test_wilson_interval_matches_the_published_formula(successes, n, expected):
+    low, high = wilson_interval(successes, n)
+    assert low == pytest.approx(expected[0], abs=1e-4) and high == pytest.approx(expected[1], abs=1e-4)
+
+
+def test_queue_hands_out_every_episode_once_whatever_the_envs_current_tasks():
+    episodes = evaluation_episodes(TASKS, 0, 1, episodes_per_init=2)
+    queue = SharedEpisodeQueue(episodes)
+    rng = random.Random(0)
+    drawn = []
+    while (episode := queue.next(rng.choice([-1, 0, 1, 2, 7]))) is not None:
+        drawn.append(episode)
+    assert Counter(drawn) == Counter(episodes) and len(drawn) == 2 * 9
+    assert queue.next(0) is None
+
+
+def test_an_env_keeps_its_task_and_a_free_env_joins_the_task_with_most_left():
+    queue = SharedEpisodeQueue(evaluation_episodes(TaskInfo(["a", "b", "c"], [3, 3, 3]), 0, 1))
+    assert [queue.next(-1)[:2] for _ in range(3)] == [(0, 0), (1, 0), (2, 0)]  # free envs spread over the tasks
+    assert [queue.next(1)[:2] for _ in range(2)] == [(1, 1), (1, 2)]  # an env keeps to its task
+    assert queue.next(1)[:2] == (0, 1)  # task 1 ran out: the first of the tasks with the most left (2 each)
+    assert queue.next(2)[:2] == (2, 1)
+    assert [queue.next(0)[:2] for _ in range(2)] == [(0, 2), (2, 2)]
+    assert queue.next(2) is None
+
+
+def test_ranks_share_the_pairs_without_overlap_and_videos_mark_the_first_init_states():
+    shards = [evaluation_episodes(TASKS, rank, 2, video_per_task=1) for rank in (0, 1)]
+    pairs = [(e.task, e.init_state) for shard in shards for e in shard]
+    assert sorted(pairs) == [(t, i) for t, count in enumerate([4, 2, 3]) for i in range(count)]
+    assert {(e.task, e.init_state) for shard in shards for e in shard if e.video} == {(0, 0), (1, 0), (2, 0)}
+    narrowed = evaluation_episodes(TASKS, 0, 1, only_tasks=[2], init_states=2)
+    assert [(e.task, e.init_state) for e in narrowed] == [(2, 0), (2, 1)]
+    with pytest.raises(ValueError, match="tasks 0..2"):
+        evaluation_episodes(TASKS, 0, 1, only_tasks=[5])
+
+
+def test_report_tables_per_task_with_instructions_and_overall():
+    episodes = [EpisodeStats(1.0, 10, 1.0, 0, 0), EpisodeStats(0.0, 20, 0.0, 0, 1), EpisodeStats(1.0, 30, 1.0, 2, 0)]
+    report = EvalReport(episodes, TASKS.task_names, TASKS.instructions)
+    assert [(t.name, t.instruction, t.episodes, t.success_rate) for t in report.tasks] == [
+        ("a", "pick a", 2, 0.5),
+        ("c", "pick c", 1, 1.0),
+    ]
+    assert report.overall.success_rate == pytest.approx(2 / 3) and report.overall.length_mean == 20.0
+    table = report.markdown()
+    assert "| a | pick a | 2 | 0.500 [0.09, 0.91] | 0.50 | 15.0 |" in table
+    assert "| **overall** |  | 3 | 0.667 [0.21, 0.94]" in table
