@@ -22,6 +22,13 @@ TASKS = TaskInfo(["a", "b", "c"], [4, 2, 3], ["pick a", "pick b", "pick c"])
 def test_wilson_interval_matches_the_published_formula(successes, n, expected):
     low, high = wilson_interval(successes, n)
     assert low == pytest.approx(expected[0], abs=1e-4) and high == pytest.approx(expected[1], abs=1e-4)
+    # Exact at the ends, so that an interval always contains its rate (0.0 <= 0.0, 1.0 <= 1.0).
+    assert low <= successes / n <= high
+
+
+@pytest.mark.parametrize("n", [1, 7, 50, 500])
+def test_wilson_bounds_are_exactly_0_and_1_at_no_and_all_successes(n):
+    assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0
 
 
 def test_queue_hands_out_every_episode_once_whatever_the_envs_current_tasks():
