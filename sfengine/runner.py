@@ -324,6 +324,39 @@ def terminate_processes(processes: list[EngineProcess]) -> None:
         p.join(5.0)
 
 
+def component_loops(serial: bool, runner_loop: EngineEventLoop, mp_context, processes: list[EngineProcess]):
+    """``loop_for(name)``: the event loop a component named ``name`` lives on; a process of its own (appended to
+    ``processes``), or the runner's loop in serial mode."""
+
+    def loop_for(name: str):
+        if serial:
+            return runner_loop
+        process = EngineProcess(f"{name}_process", mp_context)
+        processes.append(process)
+        return process.event_loop
+
+    return loop_for
+
+
+def run_until_stopped(runner: Component, runner_loop: EngineEventLoop, processes: list[EngineProcess]) -> None:
+    """Start the component processes and run the runner's loop until it stops; every process is gone after it,
+    whatever happened. SIGINT/SIGTERM go to ``runner.interrupts`` meanwhile (see install_signal_handlers)."""
+    previous_handlers = install_signal_handlers(runner)
+    try:
+        for process in processes:
+            process.start()
+        runner_loop.exec()
+    except BaseException:
+        terminate_processes(processes)
+        raise
+    finally:
+        for signum, handler in previous_handlers.items():
+            os_signal.signal(signum, handler)
+    for process in processes:
+        process.join(STOP_TIMEOUT_SEC)
+    terminate_processes(processes)
+
+
 def build_components(
     cfg: Config,
     runner_loop: EngineEventLoop,
@@ -339,16 +372,8 @@ def build_components(
 ) -> Components:
     from sfengine.rollout.rollout_worker import RolloutWorker
 
-    serial = cfg.sampler.serial_mode
     processes: list[EngineProcess] = []
-
-    def loop_for(name: str):
-        if serial:
-            return runner_loop
-        process = EngineProcess(f"{name}_process", mp_context)
-        processes.append(process)
-        return process.event_loop
-
+    loop_for = component_loops(cfg.sampler.serial_mode, runner_loop, mp_context, processes)
     workers = [
         RolloutWorker(loop_for(f"rollout_worker_{w}"), w, cfg, buffers, env_factory, action_spec, task_sequence)
         for w in range(cfg.sampler.num_workers)
@@ -358,7 +383,7 @@ def build_components(
         for i in range(cfg.sampler.num_inference_workers)
     ]
     learner_loop = loop_for("learner")
-    batcher_loop = runner_loop if serial else EngineEventLoop("batcher_evt_loop")
+    batcher_loop = runner_loop if cfg.sampler.serial_mode else EngineEventLoop("batcher_evt_loop")
     batcher = Batcher(batcher_loop, buffers, cfg.trajectories_per_training_batch)
     learner = LearnerWorker(
         learner_loop, cfg, buffers, weights, obs_spec, action_spec, batcher, resume_state, task_sequence
@@ -410,20 +435,7 @@ def run(
     connect_components(runner, components, cfg.sampler.num_inference_workers)
     runner.processes = components.processes
 
-    previous_handlers = install_signal_handlers(runner)
-    try:
-        for process in components.processes:
-            process.start()
-        runner_loop.exec()
-    except BaseException:
-        terminate_processes(components.processes)
-        raise
-    finally:
-        for signum, handler in previous_handlers.items():
-            os_signal.signal(signum, handler)
-    for process in components.processes:
-        process.join(STOP_TIMEOUT_SEC)
-    terminate_processes(components.processes)
+    run_until_stopped(runner, runner_loop, components.processes)
     summary = runner.finish()
     if runner.leads:
         print(end_summary(cfg, summary), flush=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
-import signal as os_signal
 import time
 
 from signal_slot.signal_slot import Timer, signal
@@ -30,7 +29,7 @@ from sfengine.hang_watch import HangWatch
 from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
 from sfengine.messages import EpisodeStats, WorkerReport
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.runner import STOP_TIMEOUT_SEC, install_signal_handlers, terminate_processes
+from sfengine.runner import STOP_TIMEOUT_SEC, component_loops, run_until_stopped, terminate_processes
 from sfengine.spaces import ActionSpec, ObsSpec
 
 log = logging.getLogger(__name__)
@@ -155,13 +154,7 @@ def run_evaluation(
     runner = EvalRunner(runner_loop, cfg, len(episodes), hang_watch, leads)
     runner_loop.start.connect(runner.on_start)
     processes: list[EngineProcess] = []
-
-    def loop_for(name: str):
-        if serial:
-            return runner_loop
-        process = EngineProcess(f"{name}_process", mp_context)
-        processes.append(process)
-        return process.event_loop
+    loop_for = component_loops(serial, runner_loop, mp_context, processes)
 
     workers = [
         RolloutWorker(loop_for(f"rollout_worker_{w}"), w, cfg, buffers, env_factory, action_spec, queue, output)
@@ -176,18 +169,5 @@ def run_evaluation(
     ]
     connect_evaluation(runner, workers, inference_workers)
     runner.processes = processes
-    previous_handlers = install_signal_handlers(runner)
-    try:
-        for process in processes:
-            process.start()
-        runner_loop.exec()
-    except BaseException:
-        terminate_processes(processes)
-        raise
-    finally:
-        for signum, handler in previous_handlers.items():
-            os_signal.signal(signum, handler)
-    for process in processes:
-        process.join(STOP_TIMEOUT_SEC)
-    terminate_processes(processes)
+    run_until_stopped(runner, runner_loop, processes)
     return runner.episodes, runner.error

@@ -20,21 +20,22 @@ from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
 ALL_PAIRS = [Assignment(t, i) for t, i in product(range(NUM_TASKS), range(NUM_INIT_STATES))]
 
 
-@pytest.fixture(scope="module")
-def toy_run(tmp_path_factory) -> Path:
-    """A multitask_toy experiment with a checkpoint (trained briefly: any policy will do)."""
-    train_dir = tmp_path_factory.mktemp("toy") / "train_dir"
-    result = run_train(train_dir, "toy", "--env=multitask_toy", "--train_for_env_steps=4000", "--num_workers=1")
+def trained(tmp_path_factory, experiment: str, env: str, env_steps: int) -> Path:
+    """The train_dir of a short run that left a checkpoint (any policy will do for these tests)."""
+    train_dir = tmp_path_factory.mktemp(experiment) / "train_dir"
+    result = run_train(train_dir, experiment, f"--env={env}", f"--train_for_env_steps={env_steps}", "--num_workers=1")
     assert result.returncode == 0, result.stderr[-3000:]
     return train_dir
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory) -> Path:
+    return trained(tmp_path_factory, "toy", "multitask_toy", 4000)
 
 
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory) -> Path:
-    train_dir = tmp_path_factory.mktemp("cartpole") / "train_dir"
-    result = run_train(train_dir, "cp", "--env=CartPole-v1", "--train_for_env_steps=20000", "--num_workers=1")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return train_dir
+    return trained(tmp_path_factory, "cp", "CartPole-v1", 20000)
 
 
 def read_rows(eval_dir: Path) -> list[dict]:
