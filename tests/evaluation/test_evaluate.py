@@ -10,11 +10,17 @@ from collections import Counter
 from itertools import product
 from pathlib import Path
 
+import gymnasium as gym
 import imageio.v3 as iio
 import pytest
+import torch
 
 from helpers import evaluate, leaked_shm, received_assignments, run_train, shm_entries, write_recording_script
+from sfengine.checkpoint import load_latest_checkpoint
+from sfengine.config import parse_config
+from sfengine.models.actor_critic import ActorCritic
 from sfengine.scheduler import Assignment
+from sfengine.spaces import DEFAULT_OBS_KEY, action_spec_from_space, obs_spec_from_space
 from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
 
 ALL_PAIRS = [Assignment(t, i) for t, i in product(range(NUM_TASKS), range(NUM_INIT_STATES))]
@@ -103,6 +109,26 @@ def test_single_task_env_runs_seeds_0_to_n_with_the_mode_reproducibly(cartpole_r
     assert second.returncode == 0, second.stderr[-3000:]
     assert {r["init_state"]: r["return"] for r in read_rows(eval_dir)} == {r["init_state"]: r["return"] for r in rows}
     assert "mean return" in first.stdout and str(eval_dir) in first.stdout
+    # And they are the episodes a user replays by hand: the checkpoint's mode, CartPole reset with seed k.
+    assert {int(r["init_state"]): float(r["return"]) for r in rows} == replay_by_hand(cartpole_run, "cp", range(5))
+
+
+def replay_by_hand(train_dir: Path, experiment: str, seeds) -> dict[int, float]:
+    cfg = parse_config([f"--train_dir={train_dir}", f"--experiment={experiment}"])
+    env = gym.make(cfg.env.env)
+    model = ActorCritic(obs_spec_from_space(env.observation_space), action_spec_from_space(env.action_space), cfg.model)
+    model.load_state_dict(load_latest_checkpoint(cfg.experiment_dir)["model"])
+    returns = {}
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            with torch.inference_mode():
+                action = model.act({DEFAULT_OBS_KEY: torch.as_tensor(obs)[None]}, deterministic=True).actions[0]
+            obs, reward, terminated, truncated, _ = env.step(int(action))
+            total, done = total + reward, terminated or truncated
+        returns[seed] = total
+    return returns
 
 
 def test_video_of_a_gymnasium_env_decodes_to_the_episode_length_at_the_asked_size(cartpole_run):
