@@ -129,10 +129,7 @@ class Runner(Component):
         if self.leads:
             self.writer = SummaryWriter(str(self.cfg.experiment_dir / "tensorboard"), flush_secs=10)
         self.stats.started = time.time()
-        self.watch_timer = Timer(self.event_loop, 0.1)
-        self.watch_timer.timeout.connect(self._watch)
-        self.status_timer = Timer(self.event_loop, max(self.cfg.run.report_every_sec, 0.5))
-        self.status_timer.timeout.connect(self._status)
+        start_watch_and_status_timers(self)
 
     def on_worker_report(self, report: WorkerReport) -> None:
         if self.hang_watch is not None:
@@ -312,6 +309,15 @@ class Runner(Component):
         if self.writer is not None:
             self.writer.close()
         return summary
+
+
+def start_watch_and_status_timers(runner: Component) -> None:
+    """A runner's two clocks: ``_watch`` every 0.1 s (stop conditions, dead or hung processes) and ``_status``
+    every --report_every_sec."""
+    runner.watch_timer = Timer(runner.event_loop, 0.1)
+    runner.watch_timer.timeout.connect(runner._watch)
+    runner.status_timer = Timer(runner.event_loop, max(runner.cfg.run.report_every_sec, 0.5))
+    runner.status_timer.timeout.connect(runner._status)
 
 
 def terminate_processes(processes: list[EngineProcess]) -> None:

@@ -92,9 +92,6 @@ class SharedEpisodeQueue:
         self.episodes.share_memory_()
         self.lock = ProcessLock()
 
-    def __len__(self) -> int:
-        return len(self.episodes)
-
     def next(self, current_task: int = SINGLE_TASK) -> EvalEpisode | None:
         """The next episode of ``current_task`` if it has one left, else of the task with the most left."""
         if not self.tasks:

@@ -17,7 +17,7 @@ import logging
 import multiprocessing
 import time
 
-from signal_slot.signal_slot import Timer, signal
+from signal_slot.signal_slot import signal
 
 from sfengine.buffers import SharedBuffers, SharedWeights
 from sfengine.config import Config
@@ -29,7 +29,13 @@ from sfengine.hang_watch import HangWatch
 from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
 from sfengine.messages import EpisodeStats, WorkerReport
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.runner import STOP_TIMEOUT_SEC, component_loops, run_until_stopped, terminate_processes
+from sfengine.runner import (
+    STOP_TIMEOUT_SEC,
+    component_loops,
+    run_until_stopped,
+    start_watch_and_status_timers,
+    terminate_processes,
+)
 from sfengine.spaces import ActionSpec, ObsSpec
 
 log = logging.getLogger(__name__)
@@ -54,10 +60,7 @@ class EvalRunner(Component):
 
     def on_start(self) -> None:
         self.started = time.time()
-        self.watch_timer = Timer(self.event_loop, 0.1)
-        self.watch_timer.timeout.connect(self._watch)
-        self.status_timer = Timer(self.event_loop, max(self.cfg.run.report_every_sec, 0.5))
-        self.status_timer.timeout.connect(self._status)
+        start_watch_and_status_timers(self)
 
     def on_worker_report(self, report: WorkerReport) -> None:
         if self.hang_watch is not None:
