@@ -63,6 +63,7 @@ WORKER_PROCESS_GB = 0.65
 SIMULATOR_GB = {"state": 0.27, "rgb": 0.8}  # rgb: measured with 128-pixel cameras and EGL
 OTHER_PROCESSES_GB = 1.5
 MEMORY_HEADROOM = 0.85  # of the memory available at start
+EVAL_ENVS_PER_SPLIT = 2
 CAMERA_OBSERVABLES = ("agentview_image", "robot0_eye_in_hand_image")
 GRIPPER_OPEN_NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)
 OBJECT_STATE_PER_OBJECT = 14  # position 3, quaternion 4, and both relative to the end effector
@@ -305,11 +306,15 @@ def make_libero_env(suite: str, ctx: EnvContext) -> gym.Env:
     )
 
 
-def size_libero(cfg: Config, machine: Machine, tasks: TaskInfo | None) -> str:
+def size_libero(cfg: Config, machine: Machine, tasks: TaskInfo | None, evaluation: bool = False) -> str:
     """Choose the ``auto`` options of a LIBERO run. The physics is CPU-bound, so one rollout worker per core;
     then memory: 2 envs per split when every env can keep a simulator for each of its tasks, else 1, and each
     env keeps as many simulators as the memory left allows (a task switch without one costs a 2-4 s rebuild,
-    as much as a whole episode, so a simulator kept is worth more than an env added)."""
+    as much as a whole episode, so a simulator kept is worth more than an env added).
+
+    An evaluation's env keeps to one task until that task's episodes run out and never goes back to it, so one
+    simulator each is enough; the memory saved buys envs instead: EVAL_ENVS_PER_SPLIT per split, since each
+    inference request then serves that many env steps."""
     s, env = cfg.sampler, cfg.env
     if s.num_workers == AUTO:
         s.num_workers = machine.cores
@@ -320,12 +325,13 @@ def size_libero(cfg: Config, machine: Machine, tasks: TaskInfo | None) -> str:
     def simulators_per_env(envs_per_worker: int) -> int:
         return int(budget_gb / (s.num_workers * envs_per_worker * simulator_gb))
 
-    wanted = num_tasks if env.libero_sim_cache == AUTO else env.libero_sim_cache
+    wanted = (1 if evaluation else num_tasks) if env.libero_sim_cache == AUTO else env.libero_sim_cache
     if s.num_envs_per_worker == AUTO:
-        per_split = 2 if simulators_per_env(2 * s.worker_num_splits) >= wanted else 1
+        most = EVAL_ENVS_PER_SPLIT if evaluation else 2
+        per_split = next((n for n in range(most, 1, -1) if simulators_per_env(n * s.worker_num_splits) >= wanted), 1)
         s.num_envs_per_worker = per_split * s.worker_num_splits
     if env.libero_sim_cache == AUTO:
-        env.libero_sim_cache = max(1, min(num_tasks, simulators_per_env(s.num_envs_per_worker)))
+        env.libero_sim_cache = max(1, min(wanted, simulators_per_env(s.num_envs_per_worker)))
     num_envs = s.num_workers * s.num_envs_per_worker
     needed_gb = OTHER_PROCESSES_GB + s.num_workers * WORKER_PROCESS_GB + num_envs * env.libero_sim_cache * simulator_gb
     reason = (

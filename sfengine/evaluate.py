@@ -6,7 +6,8 @@
 
 The checkpoint's policy acts through the engine's own rollout and inference workers (``sfengine.evaluation``),
 with the distribution's mode unless ``--eval_deterministic=false``. The run's saved ``config.json`` supplies the
-env and model settings; the command line overrides them (a worker layout, for example). Multi-task envs run
+env and model settings; the command line overrides them. The worker layout (the options that take ``auto``) is
+chosen afresh for the evaluation unless given here. Multi-task envs run
 every (task, init state) of the rank's shard ``--episodes_per_init`` times; single-task envs run
 ``--eval_episodes`` episodes with seeds 0..N-1. Results go to ``<experiment>/eval/<checkpoint>/`` (see
 ``sfengine.evaluation.report``), videos to its ``videos/``.
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from sfengine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from sfengine.config import Config, ConfigError, build_parser, parse_config
+from sfengine.config import AUTO, AUTO_OPTIONS, OPTION_GROUP, Config, ConfigError, build_parser, parse_config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext, EnvFactory, env_sizer, resolve_env_factory
 from sfengine.evaluation.episode_queue import evaluated_init_states, evaluation_episodes
@@ -60,6 +61,15 @@ def locate_checkpoint(argv: list[str]) -> list[str]:
     path = Path(known.checkpoint).resolve()
     experiment_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     return [*argv, f"--train_dir={experiment_dir.parent}", f"--experiment={experiment_dir.name}"]
+
+
+def relayout(cfg: Config, given: set[str]) -> None:
+    """The training run's worker layout was sized for training (a learner beside the workers, every env cycling
+    through all tasks); an evaluation sizes its own, so the ``auto`` options not given on this command line go
+    back to ``auto``."""
+    for name, can_be_auto in AUTO_OPTIONS.items():
+        if can_be_auto and name not in given:
+            setattr(getattr(cfg, OPTION_GROUP[name]), name, AUTO)
 
 
 def resolve_checkpoint(cfg: Config) -> Path:
@@ -133,13 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser("python -m sfengine.evaluate", __doc__.split("\n\n")[0] + " " + EVALUATE_HELP)
-        cfg = parse_config(locate_checkpoint(argv), parser)
+        argv = locate_checkpoint(argv)
+        cfg = parse_config(argv, parser)
+        relayout(cfg, given=set(vars(parser.parse_args(argv))))
         checkpoint = resolve_checkpoint(cfg)
         factory = resolve_env_factory(cfg.env.env)
         obs_spec, action_spec, tasks = probe_env(cfg, factory)
         if cfg.eval.video_per_task:
             check_renderer(cfg, factory, tasks)
-        sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks, Machine.here(ranks.local_world_size))
+        machine = Machine.here(ranks.local_world_size)
+        sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks, machine, evaluation=True)
         model, state = load_policy(cfg, checkpoint, obs_spec, action_spec)
         pairs = evaluated_init_states(tasks, cfg.eval.eval_tasks, cfg.eval.eval_init_states) if tasks else None
     except (ConfigError, CheckpointError, ValueError) as exc:

@@ -3,7 +3,8 @@
 An env may register a sizer with ``register_env(name, factory, sizer=...)``: it knows what its envs cost (the
 LIBERO suites size workers, envs and simulator caches by memory). Other envs get one rollout worker per core
 the run may use, with 8 envs each. The chosen values and the reason are printed, and config.json records them,
-so a resumed run keeps them.
+so a resumed run keeps them. ``sfengine.evaluate`` sizes its own layout (``evaluation=True``): it runs no
+learner, and its episode queue keeps each env on one task at a time, so an env needs fewer simulators.
 
     cfg = parse_config(["--env=libero_spatial"])  # its preset says num_workers: auto, ...
     print(resolve_auto_options(cfg, sizer, tasks))  # "auto: num_workers=2, ... (2 cores, ...)"
@@ -37,11 +38,12 @@ class Machine:
         return cls(max(cores // ranks_on_machine, 1), available_gb / ranks_on_machine)
 
 
-# Sets the options of cfg still at AUTO; returns the reason for the choice, in a few words.
-Sizer = Callable[[Config, Machine, TaskInfo | None], str]
+# sizer(cfg, machine, tasks, evaluation) sets the options of cfg still at AUTO and returns the reason for the
+# choice, in a few words. evaluation: the layout is for sfengine.evaluate, whose envs keep to one task at a time.
+Sizer = Callable[[Config, Machine, TaskInfo | None, bool], str]
 
 
-def size_by_cores(cfg: Config, machine: Machine, tasks: TaskInfo | None) -> str:
+def size_by_cores(cfg: Config, machine: Machine, tasks: TaskInfo | None, evaluation: bool = False) -> str:
     """For envs that declare no cost: one rollout worker per core, 8 envs each (split evenly)."""
     s = cfg.sampler
     if s.num_workers == AUTO:
@@ -52,14 +54,14 @@ def size_by_cores(cfg: Config, machine: Machine, tasks: TaskInfo | None) -> str:
 
 
 def resolve_auto_options(
-    cfg: Config, sizer: Sizer | None, tasks: TaskInfo | None, machine: Machine | None = None
+    cfg: Config, sizer: Sizer | None, tasks: TaskInfo | None, machine: Machine | None = None, evaluation: bool = False
 ) -> str | None:
     """Choose every ``auto`` option of cfg in place, validate the result, and return a line saying what was
     chosen and why (None when nothing was ``auto``)."""
     chosen = auto_options(cfg)
     if not chosen:
         return None
-    reason = (sizer or size_by_cores)(cfg, machine or Machine.here(), tasks)
+    reason = (sizer or size_by_cores)(cfg, machine or Machine.here(), tasks, evaluation)
     for name in auto_options(cfg):  # options the sizer has no opinion on keep their defaults
         group = getattr(cfg, OPTION_GROUP[name])
         default = next(f.default for f in dataclasses.fields(GROUPS[OPTION_GROUP[name]]) if f.name == name)

@@ -239,15 +239,18 @@ def test_rgb_mode_gives_upright_uint8_images_of_the_asked_size():
 
 
 @pytest.mark.parametrize(
-    "machine, envs_per_worker, sim_cache",
+    "machine, evaluation, envs_per_worker, sim_cache",
     [
-        (Machine(cores=2, available_gb=23.0), 2, 10),  # this machine: every env keeps all 10 simulators
-        (Machine(cores=2, available_gb=60.0), 4, 10),  # room for 2 envs per split
-        (Machine(cores=2, available_gb=6.0), 2, 2),  # short of memory: fewer simulators kept
+        (Machine(cores=2, available_gb=23.0), False, 2, 10),  # this machine: every env keeps all 10 simulators
+        (Machine(cores=2, available_gb=60.0), False, 4, 10),  # room for 2 envs per split
+        (Machine(cores=2, available_gb=6.0), False, 2, 2),  # short of memory: fewer simulators kept
+        # An evaluation's env keeps to one task at a time: one simulator each, more envs per split.
+        (Machine(cores=2, available_gb=23.0), True, 4, 1),
+        (Machine(cores=2, available_gb=3.5), True, 2, 1),  # room for 1 env per split only
     ],
 )
 def test_libero_defaults_size_workers_and_simulator_caches_from_cores_and_memory(
-    tmp_path, machine, envs_per_worker, sim_cache
+    tmp_path, machine, evaluation, envs_per_worker, sim_cache
 ):
     cfg = parse_config(["--env=libero_spatial", f"--train_dir={tmp_path}"])
     assert auto_options(cfg) == [
@@ -256,7 +259,7 @@ def test_libero_defaults_size_workers_and_simulator_caches_from_cores_and_memory
         "num_envs_per_worker",
     ]  # configs/libero_spatial.yaml
     tasks = TaskInfo([f"t{i}" for i in range(10)], [50] * 10)
-    line = resolve_auto_options(cfg, env_sizer("libero_spatial"), tasks, machine)
+    line = resolve_auto_options(cfg, env_sizer("libero_spatial"), tasks, machine, evaluation)
     assert cfg.sampler.num_workers == machine.cores
     assert cfg.sampler.num_envs_per_worker == envs_per_worker and cfg.env.libero_sim_cache == sim_cache
     assert line.startswith("auto: ") and f"{machine.available_gb:.1f} GB available" in line

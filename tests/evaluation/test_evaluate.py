@@ -26,10 +26,12 @@ from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
 ALL_PAIRS = [Assignment(t, i) for t, i in product(range(NUM_TASKS), range(NUM_INIT_STATES))]
 
 
-def trained(tmp_path_factory, experiment: str, env: str, env_steps: int) -> Path:
+def trained(tmp_path_factory, experiment: str, env: str, env_steps: int, *layout: str) -> Path:
     """The train_dir of a short run that left a checkpoint (any policy will do for these tests)."""
     train_dir = tmp_path_factory.mktemp(experiment) / "train_dir"
-    result = run_train(train_dir, experiment, f"--env={env}", f"--train_for_env_steps={env_steps}", "--num_workers=1")
+    result = run_train(
+        train_dir, experiment, f"--env={env}", f"--train_for_env_steps={env_steps}", "--num_workers=1", *layout
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return train_dir
 
@@ -41,7 +43,7 @@ def toy_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory) -> Path:
-    return trained(tmp_path_factory, "cp", "CartPole-v1", 20000)
+    return trained(tmp_path_factory, "cp", "CartPole-v1", 20000, "--num_envs_per_worker=4")
 
 
 def read_rows(eval_dir: Path) -> list[dict]:
@@ -109,6 +111,9 @@ def test_single_task_env_runs_seeds_0_to_n_with_the_mode_reproducibly(cartpole_r
     assert second.returncode == 0, second.stderr[-3000:]
     assert {r["init_state"]: r["return"] for r in read_rows(eval_dir)} == {r["init_state"]: r["return"] for r in rows}
     assert "mean return" in first.stdout and str(eval_dir) in first.stdout
+    # The layout is the evaluation's own: what this command line gives, the rest sized afresh (8 envs per worker,
+    # not the 4 the run trained with).
+    assert "2 rollout workers x 8 envs" in first.stdout and "1 rollout workers x 2 envs" in second.stdout
     # And they are the episodes a user replays by hand: the checkpoint's mode, CartPole reset with seed k.
     assert {int(r["init_state"]): float(r["return"]) for r in rows} == replay_by_hand(cartpole_run, "cp", range(5))
 
