@@ -145,6 +145,7 @@ class LiberoSuiteEnv(gym.Env):
         reward_coef: float = 1.0,
         sim_cache: int = 1,
         render_size: int = 0,
+        fast_step: bool = True,
     ):
         if obs_mode not in ("state", "rgb"):
             raise ValueError(f"obs_mode must be 'state' or 'rgb', not {obs_mode!r}")
@@ -156,6 +157,11 @@ class LiberoSuiteEnv(gym.Env):
         if sim_cache < 1:
             raise ValueError(f"sim_cache must be at least 1, not {sim_cache}")
         self.settle_steps, self.reward_coef, self.sim_cache = settle_steps, reward_coef, sim_cache
+        self.fast_step = None  # the stock step
+        if fast_step:
+            from sfengine_envs.libero_fast_step import fast_step as step  # imports mujoco, installed with LIBERO
+
+            self.fast_step = step
         self.max_episode_steps = max_episode_steps or SUITE_STEP_LIMITS[suite]
         self.tasks = load_suite(suite)
         self.num_tasks = len(self.tasks)
@@ -249,7 +255,7 @@ class LiberoSuiteEnv(gym.Env):
             robot.gripper.current_action = np.zeros(robot.gripper.dof)
         raw = self.sim.set_init_state(self.tasks[task].init_states[init_state])
         for _ in range(self.settle_steps):
-            raw, _, _, _ = self.sim.step(GRIPPER_OPEN_NOOP)
+            raw = self._advance(GRIPPER_OPEN_NOOP)
         if cameras:
             self._enable_observables(cameras, True)
             raw = self.sim.env._get_observations(force_update=True)
@@ -276,7 +282,7 @@ class LiberoSuiteEnv(gym.Env):
             self.sim.env.modify_observable(name, "enabled", enabled)
 
     def step(self, action):
-        raw, _, _, _ = self.sim.step(np.asarray(action, dtype=np.float64))
+        raw = self._advance(action)
         self.steps += 1
         success = bool(self.sim.check_success())
         truncated = not success and self.steps >= self.max_episode_steps
@@ -284,6 +290,11 @@ class LiberoSuiteEnv(gym.Env):
         if info:
             info["instruction"] = self.tasks[self.task].instruction
         return self._obs(raw), self.reward_coef * float(success), success, truncated, info
+
+    def _advance(self, action) -> dict:
+        """One control step of the simulator (fast or stock); its raw observations."""
+        action = np.asarray(action, dtype=np.float64)
+        return self.fast_step(self.sim.env, action) if self.fast_step else self.sim.step(action)[0]
 
     def close(self):
         while self.sims:
@@ -303,6 +314,7 @@ def make_libero_env(suite: str, ctx: EnvContext) -> gym.Env:
         max_episode_steps=ctx.max_episode_steps,
         sim_cache=max(options.libero_sim_cache, 1) if options else 1,
         render_size=ctx.render_size,
+        fast_step=options.libero_fast_step if options else True,
     )
 
 
