@@ -19,9 +19,14 @@ The two solves with the previous ctrl look redundant but are not: the constraint
 stops at a tolerance) starts from the acceleration of its last solve (``qacc_warmstart``), so the stock step's
 last solve starts from the second of them. Without them (``mj_step1``, controller, ``mj_step2``: about 20% faster
 still) the first step after a reset already differs by up to 1e-5 in qvel on LIBERO-Object, where objects start
-in contact. Everything else is robosuite's own code, called in the stock order: the controller and gripper
-(``_pre_action``), the observables' per-substep sampling (``_update_observables``), the bookkeeping and LIBERO's
-object-state tracking (``_post_action``), and the observations.
+in contact. The Python between the solves is robosuite's own on the policy step (``_pre_action``: the new goal, the
+robot's history buffers). On the other 24 substeps the controller only tracks that goal, and ``ArmTracker`` does
+that work with the same numpy and robosuite functions in the same order, without robosuite's per-call name
+lookups, property arrays and repeated Jacobians (about 3x less Python); it serves robosuite's operational-space
+controller with a fixed impedance and no interpolator (LIBERO's ``OSC_POSE``) and hands anything else back to
+robosuite's code. The rest is robosuite's too, in the stock order: the observables' per-substep sampling
+(``_update_observables``), the bookkeeping and LIBERO's object-state tracking (``_post_action``), and the
+observations.
 
 **Parity.** A step from the same state agrees with the stock step within 1e-13 (qpos, qvel), not bit for bit:
 ``mj_step1`` normalises free joints' quaternions before the position stage and ``mj_forward`` does not, so the
@@ -38,16 +43,96 @@ from __future__ import annotations
 
 import mujoco
 import numpy as np
+from robosuite.controllers.osc import OperationalSpaceController
+from robosuite.utils.control_utils import nullspace_torques, opspace_matrices, orientation_error
 
 
 def _forward_already_done() -> None:
     """Stands in for ``MjSim.forward`` while the controller runs: ``mj_step1`` has just computed what it reads."""
 
 
-def fast_step(env, action: np.ndarray) -> dict:
+class ArmTracker:
+    """A substep of robosuite's control that only tracks the goal set on the policy step (``robot.control(action,
+    policy_step=False)``), for one arm under operational-space control: the same arithmetic, the lookups done once.
+
+    ``ArmTracker.for_env(env)`` is None when the env's robots or controller are of another kind; the fast step then
+    calls robosuite's own code on every substep."""
+
+    def __init__(self, env):
+        sim = env.sim
+        self.robot = robot = env.robots[0]
+        controller = robot.controller  # replaced by a new one at every reset: __call__ looks it up
+        self.model, self.data = sim.model._model, sim.data._data
+        self.site = sim.model.site_name2id(controller.eef_name)
+        self.qpos_index = np.asarray(controller.qpos_index)
+        self.qvel_index = np.asarray(controller.qvel_index)
+        self.arm_actuators = np.asarray(robot._ref_joint_actuator_indexes)
+        self.torque_low, self.torque_high = (np.array(limit) for limit in robot.torque_limits)
+        self.gripper_actuators = np.asarray([sim.model.actuator_name2id(name) for name in robot.gripper.actuators])
+        ctrl_range = sim.model.actuator_ctrlrange[self.gripper_actuators]
+        self.gripper_bias = 0.5 * (ctrl_range[:, 1] + ctrl_range[:, 0])
+        self.gripper_weight = 0.5 * (ctrl_range[:, 1] - ctrl_range[:, 0])
+        nv = self.model.nv
+        self.jacp, self.jacr, self.full_mass_matrix = np.zeros((3, nv)), np.zeros((3, nv)), np.zeros((nv, nv))
+
+    @classmethod
+    def for_env(cls, env) -> ArmTracker | None:
+        if len(env.robots) != 1 or not getattr(env.robots[0], "has_gripper", False):
+            return None
+        controller = env.robots[0].controller
+        if (
+            type(controller) is not OperationalSpaceController
+            or controller.impedance_mode != "fixed"
+            or controller.interpolator_pos is not None
+            or controller.interpolator_ori is not None
+        ):
+            return None
+        return cls(env)
+
+    def __call__(self, action: np.ndarray) -> None:
+        c, data = self.robot.controller, self.data
+        # The controller's update(), its state read from what mj_step1 computed.
+        mujoco.mj_jacSite(self.model, data, self.jacp, self.jacr, self.site)
+        c.ee_pos = np.array(data.site_xpos[self.site])
+        c.ee_ori_mat = np.array(data.site_xmat[self.site].reshape([3, 3]))
+        c.ee_pos_vel = np.dot(self.jacp, data.qvel)
+        c.ee_ori_vel = np.dot(self.jacr, data.qvel)
+        c.joint_pos = data.qpos[self.qpos_index]
+        c.joint_vel = data.qvel[self.qvel_index]
+        c.J_pos = self.jacp[:, self.qvel_index]
+        c.J_ori = self.jacr[:, self.qvel_index]
+        c.J_full = np.vstack([c.J_pos, c.J_ori])
+        mujoco.mj_fullM(self.model, self.full_mass_matrix, data.qM)
+        c.mass_matrix = self.full_mass_matrix[self.qvel_index, :][:, self.qvel_index]
+        # run_controller(): operational-space torques towards the goal, plus gravity and the nullspace posture.
+        position_error = np.array(c.goal_pos) - c.ee_pos
+        ori_error = orientation_error(np.array(c.goal_ori), c.ee_ori_mat)
+        desired_force = np.multiply(position_error, c.kp[0:3]) + np.multiply(-c.ee_pos_vel, c.kd[0:3])
+        desired_torque = np.multiply(ori_error, c.kp[3:6]) + np.multiply(-c.ee_ori_vel, c.kd[3:6])
+        lambda_full, lambda_pos, lambda_ori, nullspace_matrix = opspace_matrices(
+            c.mass_matrix, c.J_full, c.J_pos, c.J_ori
+        )
+        if c.uncoupling:
+            wrench = np.concatenate([np.dot(lambda_pos, desired_force), np.dot(lambda_ori, desired_torque)])
+        else:
+            wrench = np.dot(lambda_full, np.concatenate([desired_force, desired_torque]))
+        torques = np.dot(c.J_full.T, wrench) + data.qfrc_bias[self.qvel_index]
+        torques += nullspace_torques(c.mass_matrix, nullspace_matrix, c.initial_joint, c.joint_pos, c.joint_vel)
+        c.torques = torques
+        c.new_update = True  # as run_controller() leaves it: the next policy step's set_goal() reads the state
+        # robot.control(): clip, then the gripper (its own format_action keeps its state) and the ctrl.
+        robot = self.robot
+        robot.torques = np.clip(torques, self.torque_low, self.torque_high)
+        gripper_action = robot.gripper.format_action(action[c.control_dim :])
+        data.ctrl[self.gripper_actuators] = self.gripper_bias + self.gripper_weight * gripper_action
+        data.ctrl[self.arm_actuators] = robot.torques
+
+
+def fast_step(env, action: np.ndarray, tracker: ArmTracker | None = None) -> dict:
     """Advance robosuite env ``env`` (the task env inside LIBERO's ``ControlEnv``) by one control step with
     ``action`` (float64, the robots' action dimensions) and return its observations, as ``env.step`` would. The
-    caller evaluates success (``env._check_success()``) as it would after a stock step."""
+    caller evaluates success (``env._check_success()``) as it would after a stock step. ``tracker``
+    (``ArmTracker.for_env(env)``, built once per simulator) does the substeps after the first."""
     if env.done:
         raise ValueError("executing action in terminated episode")
     sim = env.sim
@@ -62,7 +147,10 @@ def fast_step(env, action: np.ndarray) -> dict:
                 mujoco.mj_fwdActuation(model, data)
                 mujoco.mj_fwdAcceleration(model, data)
                 mujoco.mj_fwdConstraint(model, data)
-            env._pre_action(action, policy_step)
+            if policy_step or tracker is None:
+                env._pre_action(action, policy_step)
+            else:
+                tracker(action)
             mujoco.mj_step2(model, data)
             env._update_observables()
             policy_step = False

@@ -159,9 +159,11 @@ class LiberoSuiteEnv(gym.Env):
         self.settle_steps, self.reward_coef, self.sim_cache = settle_steps, reward_coef, sim_cache
         self.fast_step = None  # the stock step
         if fast_step:
-            from sfengine_envs.libero_fast_step import fast_step as step  # imports mujoco, installed with LIBERO
+            from sfengine_envs.libero_fast_step import ArmTracker  # imports mujoco and robosuite
+            from sfengine_envs.libero_fast_step import fast_step as step
 
-            self.fast_step = step
+            self.fast_step, self.arm_tracker = step, ArmTracker.for_env
+        self.trackers: dict[int, object] = {}  # task -> its simulator's ArmTracker (fast step)
         self.max_episode_steps = max_episode_steps or SUITE_STEP_LIMITS[suite]
         self.tasks = load_suite(suite)
         self.num_tasks = len(self.tasks)
@@ -196,8 +198,12 @@ class LiberoSuiteEnv(gym.Env):
             self.sims.move_to_end(task)
         else:
             if len(self.sims) >= self.sim_cache:
-                self.sims.popitem(last=True)[1].close()
+                evicted, sim = self.sims.popitem(last=True)
+                sim.close()
+                self.trackers.pop(evicted, None)
             self.sims[task] = self._build_sim(task)
+            if self.fast_step:
+                self.trackers[task] = self.arm_tracker(self.sims[task].env)
         self.sim = self.sims[task]
         self.task = task
 
@@ -294,11 +300,14 @@ class LiberoSuiteEnv(gym.Env):
     def _advance(self, action) -> dict:
         """One control step of the simulator (fast or stock); its raw observations."""
         action = np.asarray(action, dtype=np.float64)
-        return self.fast_step(self.sim.env, action) if self.fast_step else self.sim.step(action)[0]
+        if self.fast_step:
+            return self.fast_step(self.sim.env, action, self.trackers[self.task])
+        return self.sim.step(action)[0]
 
     def close(self):
         while self.sims:
             self.sims.popitem()[1].close()
+        self.trackers.clear()
         self.sim = None
 
 
