@@ -14,6 +14,8 @@ start-up before the first env step, envs built and reset, is not counted in eith
               rollout worker, so a step and a reset cost what they cost in the engine. Actions are drawn with
               action_space.sample() before the loop (a ring per env): rollout workers do not draw actions, so
               the loop times the env alone.
+    limit_stock_step  (with --with_stock_step, LIBERO) the limit with robosuite's stock step
+              (--libero_fast_step=false); the limit row runs the env's default, the fast step.
     sampling  python -m sfengine.train --benchmark=true: the whole engine with the PPO update skipped.
     training  (with --with_training) the same run with the PPO update.
     <row>@<ref>  (with --baseline_ref=<git revision>) the sampling (and training) rows run from a checkout of
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -401,6 +404,9 @@ def main() -> None:
         "--startup", type=float, default=30.0, help="seconds the engine may take to start stepping envs, per row"
     )
     parser.add_argument("--with_training", action="store_true", help="add a row that trains (no --benchmark)")
+    parser.add_argument(
+        "--with_stock_step", action="store_true", help="LIBERO: add the limit with --libero_fast_step=false"
+    )
     parser.add_argument("--with_diy", action="store_true", help="add the AsyncVectorEnv + PPO loop baseline row")
     parser.add_argument("--sf_python", default=None, help="add a Sample Factory 2.1.1 row: its venv's python")
     parser.add_argument(
@@ -425,7 +431,15 @@ def main() -> None:
             print(sizing, flush=True)
         # Every row runs the layout chosen here, once.
         train_args += [f"--{name}={getattr(getattr(cfg, OPTION_GROUP[name]), name)}" for name in chosen]
-        rows = {"limit": run_limit(cfg, args.warmup, args.seconds)}
+        rows = {}
+        if args.with_stock_step:
+            rows["limit_stock_step"] = run_limit(
+                dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, libero_fast_step=False)),
+                args.warmup,
+                args.seconds,
+            )
+            print(f"limit_stock_step: {json.dumps(rows['limit_stock_step'])}", flush=True)
+        rows["limit"] = run_limit(cfg, args.warmup, args.seconds)
         print(f"limit: {json.dumps(rows['limit'])}", flush=True)
         with contextlib.ExitStack() as stack:
             sources = {"": None}

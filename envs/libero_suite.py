@@ -63,7 +63,6 @@ WORKER_PROCESS_GB = 0.65
 SIMULATOR_GB = {"state": 0.27, "rgb": 0.8}  # rgb: measured with 128-pixel cameras and EGL
 OTHER_PROCESSES_GB = 1.5
 MEMORY_HEADROOM = 0.85  # of the memory available at start
-EVAL_ENVS_PER_SPLIT = 2
 CAMERA_OBSERVABLES = ("agentview_image", "robot0_eye_in_hand_image")
 GRIPPER_OPEN_NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)
 OBJECT_STATE_PER_OBJECT = 14  # position 3, quaternion 4, and both relative to the end effector
@@ -334,8 +333,9 @@ def size_libero(cfg: Config, machine: Machine, tasks: TaskInfo | None, evaluatio
     as much as a whole episode, so a simulator kept is worth more than an env added).
 
     An evaluation's env keeps to one task until that task's episodes run out and never goes back to it, so one
-    simulator each is enough; the memory saved buys envs instead: EVAL_ENVS_PER_SPLIT per split, since each
-    inference request then serves that many env steps."""
+    simulator each is enough, and one env per split: double buffering already keeps the core busy (measured:
+    0.8 episodes a second on 2 cores with 1 or 2 envs per split), while every env more builds its own simulators
+    at start (2-10 s each)."""
     s, env = cfg.sampler, cfg.env
     if s.num_workers == AUTO:
         s.num_workers = machine.cores
@@ -348,9 +348,8 @@ def size_libero(cfg: Config, machine: Machine, tasks: TaskInfo | None, evaluatio
 
     wanted = (1 if evaluation else num_tasks) if env.libero_sim_cache == AUTO else env.libero_sim_cache
     if s.num_envs_per_worker == AUTO:
-        most = EVAL_ENVS_PER_SPLIT if evaluation else 2
-        per_split = next((n for n in range(most, 1, -1) if simulators_per_env(n * s.worker_num_splits) >= wanted), 1)
-        s.num_envs_per_worker = per_split * s.worker_num_splits
+        room_for_two = not evaluation and simulators_per_env(2 * s.worker_num_splits) >= wanted
+        s.num_envs_per_worker = (2 if room_for_two else 1) * s.worker_num_splits
     if env.libero_sim_cache == AUTO:
         env.libero_sim_cache = max(1, min(wanted, simulators_per_env(s.num_envs_per_worker)))
     num_envs = s.num_workers * s.num_envs_per_worker
