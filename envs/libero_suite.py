@@ -64,6 +64,8 @@ SIMULATOR_GB = {"state": 0.27, "rgb": 0.8}  # rgb: measured with 128-pixel camer
 OTHER_PROCESSES_GB = 1.5
 MEMORY_HEADROOM = 0.85  # of the memory available at start
 CAMERA_OBSERVABLES = ("agentview_image", "robot0_eye_in_hand_image")
+# robosuite observables by modality that each observation mode reads (proprio-state, object-state, the cameras)
+OBSERVED_MODALITIES = {"state": ("robot0_proprio", "object"), "rgb": ("robot0_proprio", "image")}
 GRIPPER_OPEN_NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)
 OBJECT_STATE_PER_OBJECT = 14  # position 3, quaternion 4, and both relative to the end effector
 
@@ -210,7 +212,7 @@ class LiberoSuiteEnv(gym.Env):
         _, _, control_env = import_libero()
         rgb = self.obs_mode == "rgb"
         self.sims_built += 1
-        return control_env(
+        sim = control_env(
             bddl_file_name=self.tasks[task].bddl_file,
             has_renderer=False,
             has_offscreen_renderer=rgb,
@@ -220,6 +222,12 @@ class LiberoSuiteEnv(gym.Env):
             camera_widths=self.image_size,
             hard_reset=False,
         )
+        # Only what the policy receives is computed: rgb observations carry no object state (the cameras show it).
+        # A soft reset keeps the observables, so this holds for the simulator's life.
+        for name, observable in sim.env._observables.items():
+            if observable.modality not in OBSERVED_MODALITIES[self.obs_mode]:
+                sim.env.modify_observable(name, "enabled", False)
+        return sim
 
     def _obs(self, raw: dict) -> dict[str, np.ndarray]:
         task_one_hot = np.zeros(self.num_tasks, dtype=np.float32)

@@ -223,6 +223,16 @@ def test_without_a_cache_every_task_switch_rebuilds_the_simulator():
         env.close()
 
 
+def enabled_modalities(env) -> set[str]:
+    return {o.modality for o in env.sim.env._observables.values() if o.is_enabled()}
+
+
+def test_state_mode_computes_the_observables_the_policy_receives_and_no_others(spatial_env):
+    obs, _ = spatial_env.reset(options={"task": 1, "init_state": 0})
+    assert enabled_modalities(spatial_env) == {"robot0_proprio", "object"}
+    assert np.count_nonzero(obs["object"]) > 0 and np.count_nonzero(obs["proprio"]) > 0
+
+
 def test_rgb_mode_gives_upright_uint8_images_of_the_asked_size():
     env = make("libero_object", libero_obs_mode="rgb", libero_image_size=32)
     try:
@@ -234,6 +244,8 @@ def test_rgb_mode_gives_upright_uint8_images_of_the_asked_size():
         # MuJoCo renders upside down: both axes are flipped to make the images upright.
         raw = env.sim.env._get_observations(force_update=True)
         np.testing.assert_array_equal(env._obs(raw)["agentview"], raw["agentview_image"][::-1, ::-1])
+        # Only what the policy receives is computed: no object state in rgb mode.
+        assert enabled_modalities(env) == {"robot0_proprio", "image"}
     finally:
         env.close()
 
