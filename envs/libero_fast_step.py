@@ -32,9 +32,10 @@ observations.
 ``mj_step1`` normalises free joints' quaternions before the position stage and ``mj_forward`` does not, so the
 controller and the two solves see a configuration a few ulps away from the stock step's. With warm starts
 disabled (``mjDSBL_WARMSTART``) the results are bit-identical in the cases the tests check. Over longer sequences
-these ulps grow as any perturbation does in contact-rich scenes: the stock step itself, started one ulp away in a
-single joint angle, ends up to 0.1 away after 110 steps on some sequences, and the fast step stays within the
-same envelope (``benchmarks/README.md``). One quantity differs in kind: robosuite's history of end-effector force
+these ulps grow as any perturbation does in contact-rich scenes: the stock step itself, started one ulp away in
+qvel, ends up to 0.1 away after 110 steps on some sequences, and the fast step's differences (a few ulps every
+substep, not one at the start) span the same range, though not always on the same sequences
+(``benchmarks/README.md``). One quantity differs in kind: robosuite's history of end-effector force
 readings (``robot.recent_ee_forcetorques``), read from acceleration-stage sensors that ``mj_step1`` does not
 compute; no LIBERO observation, reward or success uses it.
 """
