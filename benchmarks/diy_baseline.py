@@ -25,7 +25,7 @@ import torch
 
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, parse_config
-from sfengine.env_registry import EnvContext, resolve_env_factory
+from sfengine.env_registry import env_context, resolve_env_factory
 from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import action_spec_from_space, obs_as_dict, obs_spec_from_space
@@ -33,9 +33,7 @@ from sfengine.spaces import action_spec_from_space, obs_as_dict, obs_spec_from_s
 
 def make_env(cfg: Config, index: int) -> gym.Env:
     factory = resolve_env_factory(cfg.env.env)
-    return factory(
-        EnvContext(cfg.env.env, 0, index, cfg.env.seed * 1_000_003 + index, cfg.env.max_episode_steps, cfg.env)
-    )
+    return factory(env_context(cfg, 0, index, cfg.env.seed * 1_000_003 + index))
 
 
 def train_loop(cfg: Config, warmup: float, seconds: float) -> dict:

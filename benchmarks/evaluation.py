@@ -30,7 +30,7 @@ import torch
 
 from sfengine.checkpoint import load_checkpoint, save_checkpoint
 from sfengine.config import parse_config, save_config
-from sfengine.env_registry import EnvContext, resolve_env_factory
+from sfengine.env_registry import env_context, resolve_env_factory
 from sfengine.evaluation.episode_queue import evaluated_init_states
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import obs_as_dict
@@ -69,7 +69,7 @@ def run_single_loop(suite: str, checkpoint: Path, tasks: list[int], init_states:
     model = ActorCritic(obs_spec, action_spec, cfg.model)
     model.load_state_dict(load_checkpoint(checkpoint)["model"])
     model.eval()
-    env = factory(EnvContext(suite, 0, 0, 0, 0, cfg.env))
+    env = factory(env_context(cfg, 0, 0, 0))
     outcomes = {}
     counts = evaluated_init_states(task_info, tasks, init_states)
     for task, count in enumerate(counts):

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
+import copy
 import json
 import math
 import multiprocessing
@@ -65,8 +65,8 @@ import psutil
 
 from benchmarks.compare_sample_factory import run_sample_factory
 from benchmarks.process_tree import run_and_measure
-from sfengine.config import OPTION_GROUP, Config, ConfigError, auto_options, parse_config
-from sfengine.env_registry import EnvContext, env_sizer, resolve_env_factory
+from sfengine.config import Config, ConfigError, auto_options, parse_config
+from sfengine.env_registry import env_context, env_sizer, resolve_env_factory
 from sfengine.multitask import task_info
 from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine.sizing import resolve_auto_options
@@ -144,10 +144,7 @@ def step_envs_in_loop(cfg: Config, worker: int, warmup: float, seconds: float, b
     factory = resolve_env_factory(cfg.env.env)
     per_worker = cfg.sampler.num_envs_per_worker
     seeds = [cfg.env.seed * 1_000_003 + worker * per_worker + i for i in range(per_worker)]
-    envs = [
-        factory(EnvContext(cfg.env.env, worker, i, seed, cfg.env.max_episode_steps, cfg.env))
-        for i, seed in enumerate(seeds)
-    ]
+    envs = [factory(env_context(cfg, worker, i, seed)) for i, seed in enumerate(seeds)]
     info = task_info(envs[0])
     schedule = None if info is None else TaskSchedule(shard_pairs(info.init_states_per_task, 0, 1))
     if schedule is not None:
@@ -260,7 +257,7 @@ def run_engine(
 
     try:
         with ProcessSampler(engine_tree, lambda p: p.name().startswith(ENGINE_ENV_PROCESS)) as sampler:
-            env = None if source is None else {**os.environ, "PYTHONPATH": str(source)}
+            env = None if source is None else {**os.environ, "PYTHONPATH": str(source / PACKAGE_LINKS)}
             run = run_and_measure(command, timeout=run_seconds + 600, env=env, cwd=source)
             ended = time.monotonic()
     except subprocess.TimeoutExpired:
@@ -304,6 +301,9 @@ def median_run(runs: list[dict]) -> dict:
     return {**ordered[(len(ordered) - 1) // 2], "fps_runs": [run["fps"] for run in runs]}
 
 
+PACKAGE_LINKS = ".packages"
+
+
 @contextlib.contextmanager
 def checkout_of(revision: str):
     """A temporary git worktree of ``revision`` of this repository (removed afterwards)."""
@@ -316,6 +316,16 @@ def checkout_of(revision: str):
         )
         if added.returncode != 0:
             sys.exit(f"benchmarks.throughput: error: --baseline_ref={revision}: {added.stderr.strip()}")
+        # The installed package names, pointing into the checkout: its engine runs with its own envs and presets,
+        # not with those of this working tree (sfengine_envs and sfengine_configs are installed from it).
+        links = path / PACKAGE_LINKS
+        links.mkdir()
+        for package, directory in (
+            ("sfengine", "sfengine"),
+            ("sfengine_envs", "envs"),
+            ("sfengine_configs", "configs"),
+        ):
+            (links / package).symlink_to(path / directory, target_is_directory=True)
         try:
             yield path
         finally:
@@ -389,7 +399,7 @@ def plot(rows: dict[str, dict], title: str, path: Path) -> None:
 
 def default_tag(cfg: Config) -> str:
     size = f"{cfg.sampler.num_workers}x{cfg.sampler.num_envs_per_worker}"
-    return f"{cfg.env.libero_obs_mode}_{size}" if cfg.env.env.startswith("libero") else size
+    return f"{cfg.get('libero_obs_mode')}_{size}" if cfg.env.env.startswith("libero") else size
 
 
 def main() -> None:
@@ -430,14 +440,12 @@ def main() -> None:
         if sizing:
             print(sizing, flush=True)
         # Every row runs the layout chosen here, once.
-        train_args += [f"--{name}={getattr(getattr(cfg, OPTION_GROUP[name]), name)}" for name in chosen]
+        train_args += [f"--{name}={cfg.get(name)}" for name in chosen]
         rows = {}
         if args.with_stock_step:
-            rows["limit_stock_step"] = run_limit(
-                dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, libero_fast_step=False)),
-                args.warmup,
-                args.seconds,
-            )
+            stock = copy.deepcopy(cfg)
+            stock.set("libero_fast_step", False)
+            rows["limit_stock_step"] = run_limit(stock, args.warmup, args.seconds)
             print(f"limit_stock_step: {json.dumps(rows['limit_stock_step'])}", flush=True)
         rows["limit"] = run_limit(cfg, args.warmup, args.seconds)
         print(f"limit: {json.dumps(rows['limit'])}", flush=True)

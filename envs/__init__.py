@@ -16,14 +16,14 @@ from functools import partial
 
 from sfengine.env_registry import register_env
 from sfengine_envs.image_bandit import make_image_bandit
-from sfengine_envs.libero_suite import SUITE_STEP_LIMITS, make_libero_env, size_libero
+from sfengine_envs.libero_suite import SUITE_STEP_LIMITS, LiberoOptions, make_libero_env, size_libero
 from sfengine_envs.multitask_toy import make_multitask_toy
 from sfengine_envs.sparse_reach import make_sparse_reach
-from sfengine_envs.synthetic import make_synthetic
+from sfengine_envs.synthetic import SyntheticOptions, make_synthetic
 
 register_env("image_bandit", make_image_bandit)
 register_env("multitask_toy", make_multitask_toy)
 register_env("sparse_reach", make_sparse_reach)
-register_env("synthetic", make_synthetic)
+register_env("synthetic", make_synthetic, options=SyntheticOptions)
 for suite in SUITE_STEP_LIMITS:
-    register_env(suite, partial(make_libero_env, suite), sizer=size_libero)
+    register_env(suite, partial(make_libero_env, suite), sizer=size_libero, options=LiberoOptions)

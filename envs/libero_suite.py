@@ -39,11 +39,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
 
-from sfengine.config import AUTO, Config
+from sfengine.config import AUTO, Config, ConfigError, option
 from sfengine.env_registry import EnvContext
 from sfengine.multitask import TaskInfo
 from sfengine.sizing import Machine
@@ -318,19 +319,39 @@ class LiberoSuiteEnv(gym.Env):
         self.sim = None
 
 
+@dataclass
+class LiberoOptions:
+    group: ClassVar[str] = "libero"
+    libero_obs_mode: str = option("state", "observations: state vectors, or rgb images", ("state", "rgb"))
+    libero_image_size: int = option(128, "camera image size in pixels (rgb mode)")
+    libero_reward_coef: float = option(1.0, "reward on success")
+    libero_fast_step: bool = option(
+        True, "step with one forward-dynamics pass per substep instead of three: same physics, ~1.7x faster"
+    )
+    libero_sim_cache: int = option(
+        1, "simulators each env keeps, one per task, so a task switch costs no rebuild (2-4 s)", auto=True
+    )
+
+    def validate(self, auto: set[str]) -> None:
+        if self.libero_sim_cache < 1 and "libero_sim_cache" not in auto:
+            raise ConfigError(f"--libero_sim_cache={self.libero_sim_cache} must be at least 1, or auto")
+        if self.libero_image_size < 8:
+            raise ConfigError(f"--libero_image_size={self.libero_image_size}: give at least 8 pixels (e.g. 128)")
+
+
 def make_libero_env(suite: str, ctx: EnvContext) -> gym.Env:
     """Factory of ``--env=<suite>``; registered per suite with functools.partial, which pickles for spawned
     workers."""
-    options = ctx.env_config
+    options = ctx.options or LiberoOptions()
     return LiberoSuiteEnv(
         suite,
-        obs_mode=options.libero_obs_mode if options else "state",
-        image_size=options.libero_image_size if options else 128,
-        reward_coef=options.libero_reward_coef if options else 1.0,
+        obs_mode=options.libero_obs_mode,
+        image_size=options.libero_image_size,
+        reward_coef=options.libero_reward_coef,
         max_episode_steps=ctx.max_episode_steps,
-        sim_cache=max(options.libero_sim_cache, 1) if options else 1,
+        sim_cache=max(options.libero_sim_cache, 1),
         render_size=ctx.render_size,
-        fast_step=options.libero_fast_step if options else True,
+        fast_step=options.libero_fast_step,
     )
 
 
@@ -344,7 +365,7 @@ def size_libero(cfg: Config, machine: Machine, tasks: TaskInfo | None, evaluatio
     simulator each is enough, and one env per split: double buffering already keeps the core busy (measured:
     0.8 episodes a second on 2 cores with 1 or 2 envs per split), while every env more builds its own simulators
     at start (2-10 s each)."""
-    s, env = cfg.sampler, cfg.env
+    s, env = cfg.sampler, cfg.options_group(LiberoOptions.group)
     if s.num_workers == AUTO:
         s.num_workers = machine.cores
     num_tasks = len(tasks.task_names) if tasks else 1

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
 
+from sfengine.config import ConfigError, option
 from sfengine.env_registry import EnvContext
 
 NUM_ACTIONS = 4
@@ -34,6 +37,22 @@ def parse_obs_spec(spec: str) -> tuple[str, tuple[int, ...]]:
             f"synthetic observation {spec!r}: give vector:D (e.g. vector:64) or image:HxWxC (e.g. image:84x84x3)"
         )
     return match.group(1), shape
+
+
+@dataclass
+class SyntheticOptions:
+    group: ClassVar[str] = "synthetic"
+    synthetic_step_ms: float = option(2.0, "CPU time each step spins for, in milliseconds")
+    synthetic_obs: str = option("vector:64", "observation: vector:D or image:HxWxC (uint8)")
+    synthetic_episode_steps: int = option(100, "steps per episode")
+
+    def validate(self, auto: set[str]) -> None:
+        try:
+            parse_obs_spec(self.synthetic_obs)
+        except ValueError as exc:
+            raise ConfigError(f"--synthetic_obs: {exc}") from None
+        if self.synthetic_step_ms < 0 or self.synthetic_episode_steps < 1:
+            raise ConfigError("--synthetic_step_ms must not be negative and --synthetic_episode_steps at least 1")
 
 
 def busy_wait(seconds: float) -> None:
@@ -72,7 +91,5 @@ class SyntheticEnv(gym.Env):
 
 
 def make_synthetic(ctx: EnvContext) -> gym.Env:
-    options = ctx.env_config
-    if options is None:
-        return SyntheticEnv(seed=ctx.seed)
+    options = ctx.options or SyntheticOptions()
     return SyntheticEnv(options.synthetic_step_ms, options.synthetic_obs, options.synthetic_episode_steps, ctx.seed)

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -51,18 +52,6 @@ class EnvConfig:
         ("round_robin", "curriculum"),
     )
     curriculum_window: int = option(20, "curriculum: recent episodes of each task whose failures weigh its draw")
-    synthetic_step_ms: float = option(2.0, "synthetic env: CPU time each step spins for, in milliseconds")
-    synthetic_obs: str = option("vector:64", "synthetic env observation: vector:D or image:HxWxC (uint8)")
-    synthetic_episode_steps: int = option(100, "synthetic env: steps per episode")
-    libero_obs_mode: str = option("state", "LIBERO observations: state vectors, or rgb images", ("state", "rgb"))
-    libero_image_size: int = option(128, "LIBERO camera image size in pixels (rgb mode)")
-    libero_reward_coef: float = option(1.0, "LIBERO reward on success")
-    libero_fast_step: bool = option(
-        True, "LIBERO step with one forward-dynamics pass per substep instead of three: same physics, ~2x faster"
-    )
-    libero_sim_cache: int = option(
-        1, "LIBERO simulators each env keeps, one per task, so a task switch costs no rebuild (2-4 s)", auto=True
-    )
 
 
 @dataclass
@@ -191,6 +180,40 @@ GROUPS: dict[str, type] = {
     "eval": EvalConfig,
 }
 
+# Options an env declares next to its factory (``register_env(name, factory, options=...)``): a dataclass of
+# ``option()`` fields, named by its ``group`` class attribute (default: the first env registered with it).
+ENV_OPTION_GROUPS: dict[str, type] = {}  # group name -> options dataclass
+ENV_OPTION_GROUP_OF: dict[str, str] = {}  # env name -> its group
+
+
+def declare_env_options(env_name: str, options_cls: type) -> None:
+    """Record that ``--env=env_name`` takes the options of the dataclass ``options_cls``. Called by
+    ``register_env``; several envs may share one class (the five LIBERO suites do)."""
+    if not (isinstance(options_cls, type) and dataclasses.is_dataclass(options_cls)):
+        raise TypeError(f"register_env({env_name!r}, ..., options=...): options must be a dataclass of option() fields")
+    group = getattr(options_cls, "group", env_name)
+    declared = ENV_OPTION_GROUPS.get(group)
+    if declared is not None and declared is not options_cls:
+        raise TypeError(f"env options {options_cls.__name__}: the group name {group!r} is taken by {declared.__name__}")
+    taken = set(_static_options()) | {
+        f.name for other, cls in ENV_OPTION_GROUPS.items() if other != group for f in dataclasses.fields(cls)
+    }
+    clash = sorted(f.name for f in dataclasses.fields(options_cls) if f.name in taken)
+    if clash:
+        raise TypeError(
+            f"env options {options_cls.__name__}: {', '.join(clash)} already exist; prefix them with the env"
+        )
+    ENV_OPTION_GROUPS[group] = options_cls
+    ENV_OPTION_GROUP_OF[env_name] = group
+
+
+def envs_taking(group: str) -> list[str]:
+    return [env for env, owner in ENV_OPTION_GROUP_OF.items() if owner == group]
+
+
+def load_builtin_envs() -> None:
+    import sfengine_envs  # noqa: F401  (registers the built-in envs and declares their options)
+
 
 @dataclass
 class Config:
@@ -200,6 +223,23 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # The declared env option groups, each created with its defaults when first used.
+    env_options: dict[str, Any] = field(default_factory=dict)
+
+    def options_group(self, group: str) -> Any:
+        """The options of an engine group (``"sampler"``) or of a declared env group (``"libero"``)."""
+        if group in GROUPS:
+            return getattr(self, group)
+        if group not in self.env_options:
+            self.env_options[group] = ENV_OPTION_GROUPS[group]()
+        return self.env_options[group]
+
+    @property
+    def own_env_options(self) -> Any:
+        """The options declared by this run's env (a ``LiberoOptions`` for ``--env=libero_spatial``), or None
+        for an env that declares none."""
+        group = ENV_OPTION_GROUP_OF.get(self.env.env)
+        return self.options_group(group) if group else None
 
     @property
     def experiment_dir(self) -> Path:
@@ -217,30 +257,64 @@ class Config:
     def trajectories_per_training_batch(self) -> int:
         return self.samples_per_training_batch // self.sampler.rollout
 
+    def groups_in_use(self) -> dict[str, Any]:
+        """Every engine group, and this env's own options: what config.json records."""
+        groups = {name: getattr(self, name) for name in GROUPS}
+        group = ENV_OPTION_GROUP_OF.get(self.env.env)
+        if group:
+            groups[group] = self.options_group(group)
+        return groups
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {name: dataclasses.asdict(group) for name, group in self.groups_in_use().items()}
+
+    def get(self, name: str) -> Any:
+        """The value of the flat option ``name`` (``cfg.get("libero_sim_cache")``)."""
+        return getattr(self.options_group(option_table()[name].group), name)
+
+    def set(self, name: str, value: Any) -> None:
+        setattr(self.options_group(option_table()[name].group), name, value)
 
 
-def _option_owner() -> dict[str, str]:
-    """Maps each flat option name to the group that declares it."""
-    owner = {}
-    for group_name, group_cls in GROUPS.items():
+@dataclass(frozen=True)
+class OptionInfo:
+    group: str
+    field: dataclasses.Field
+    annotation: Any
+
+    @property
+    def default(self) -> Any:
+        f = self.field
+        return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def _options_of(groups: dict[str, type]) -> dict[str, OptionInfo]:
+    table = {}
+    for group_name, group_cls in groups.items():
+        hints = get_type_hints(group_cls)
         for f in dataclasses.fields(group_cls):
-            owner[f.name] = group_name
-    return owner
+            table[f.name] = OptionInfo(group_name, f, hints[f.name])
+    return table
 
 
-OPTION_GROUP = _option_owner()
-AUTO_OPTIONS = {f.name: f.metadata["auto"] for group_cls in GROUPS.values() for f in dataclasses.fields(group_cls)}
+@cache
+def _static_options() -> dict[str, OptionInfo]:
+    return _options_of(GROUPS)
+
+
+def option_table() -> dict[str, OptionInfo]:
+    """Every flat option name: the engine's and those declared by the registered envs."""
+    load_builtin_envs()
+    return {**_static_options(), **_options_of(ENV_OPTION_GROUPS)}
 
 
 def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation)) if annotation in (bool, int, float, str) else "list"
 
 
-def _coerce(name: str, value: Any, annotation: Any) -> Any:
-    text = _type_name(annotation)
-    if AUTO_OPTIONS.get(name) and str(value).strip().lower() == "auto":
+def _coerce(name: str, value: Any, info: OptionInfo) -> Any:
+    text = _type_name(info.annotation)
+    if info.field.metadata["auto"] and str(value).strip().lower() == "auto":
         return AUTO
     try:
         if text == "bool":
@@ -266,24 +340,13 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"--{name}={value!r} is not a valid {text}") from None
 
 
-def _field_types() -> dict[str, Any]:
-    types = {}
-    for group_cls in GROUPS.values():
-        hints = get_type_hints(group_cls)
-        for f in dataclasses.fields(group_cls):
-            types[f.name] = hints[f.name]
-    return types
-
-
-FIELD_TYPES = _field_types()
-
-
 def apply_overrides(cfg: Config, overrides: dict[str, Any], source: str) -> None:
     """Set flat options on ``cfg`` in place; unknown names are a ConfigError naming ``source``."""
+    table = option_table()
     for name, value in overrides.items():
-        if name not in OPTION_GROUP:
+        if name not in table:
             raise ConfigError(f"unknown option '{name}' in {source}; see --help for the list of options")
-        setattr(getattr(cfg, OPTION_GROUP[name]), name, _coerce(name, value, FIELD_TYPES[name]))
+        cfg.set(name, _coerce(name, value, table[name]))
 
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -354,46 +417,54 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--cfg", default=None, help=preset_help())
-    for group_name, group_cls in GROUPS.items():
-        group = parser.add_argument_group(group_name)
-        for f in dataclasses.fields(group_cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    table = option_table()
+    for group_name in [*GROUPS, *ENV_OPTION_GROUPS]:
+        envs = envs_taking(group_name)
+        description = f"options of --env={', '.join(envs)}" if envs else None
+        group = parser.add_argument_group(group_name, description)
+        for name, info in table.items():
+            if info.group != group_name:
+                continue
+            metadata, type_name = info.field.metadata, _type_name(info.annotation)
             # SUPPRESS keeps unset options out of the namespace, so a preset is not overridden by defaults.
             group.add_argument(
-                f"--{f.name}",
+                f"--{name}",
                 default=argparse.SUPPRESS,
-                metavar={"list": "INT,INT,..."}.get(
-                    _type_name(FIELD_TYPES[f.name]), _type_name(FIELD_TYPES[f.name]).upper()
-                ),
-                help=f"{f.metadata['help']} (default: {default})"
-                + (f"; one of {', '.join(f.metadata['choices'])}" if f.metadata["choices"] else "")
-                + ("; auto: chosen from the cores and memory at start" if f.metadata["auto"] else ""),
+                metavar={"list": "INT,INT,..."}.get(type_name, type_name.upper()),
+                help=f"{metadata['help']} (default: {info.default})"
+                + (f"; one of {', '.join(metadata['choices'])}" if metadata["choices"] else "")
+                + ("; auto: chosen from the cores and memory at start" if metadata["auto"] else ""),
             )
     return parser
 
 
+def auto_capable_options(cfg: Config) -> list[str]:
+    """The options of this run (the engine's and its env's) that take ``auto``."""
+    groups = cfg.groups_in_use()
+    return [name for name, info in option_table().items() if info.group in groups and info.field.metadata["auto"]]
+
+
 def auto_options(cfg: Config) -> list[str]:
     """The options still set to ``auto``."""
-    return [
-        name for name, auto in AUTO_OPTIONS.items() if auto and getattr(getattr(cfg, OPTION_GROUP[name]), name) == AUTO
-    ]
+    return [name for name in auto_capable_options(cfg) if cfg.get(name) == AUTO]
 
 
 def validate(cfg: Config) -> None:
     """Reject inconsistent or impossible settings with a one-line message naming the fix. Options still at
     ``auto`` are checked once ``sfengine.sizing`` has chosen them."""
     auto = set(auto_options(cfg))
-    for group_name, group_cls in GROUPS.items():
-        for f in dataclasses.fields(group_cls):
-            value = getattr(getattr(cfg, group_name), f.name)
+    for group in cfg.groups_in_use().values():
+        for f in dataclasses.fields(group):
+            value = getattr(group, f.name)
             if f.metadata["choices"] and value not in f.metadata["choices"]:
                 raise ConfigError(f"--{f.name}={value!r} is not one of {', '.join(f.metadata['choices'])}")
+    env_options = cfg.own_env_options
+    if hasattr(env_options, "validate"):
+        env_options.validate(auto)
     s, lrn, run = cfg.sampler, cfg.learner, cfg.run
     for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_inference_workers", "rollout"):
         if getattr(s, name) < 1 and name not in auto:
             raise ConfigError(f"--{name}={getattr(s, name)} must be at least 1")
-    if cfg.env.libero_sim_cache < 1 and "libero_sim_cache" not in auto:
-        raise ConfigError(f"--libero_sim_cache={cfg.env.libero_sim_cache} must be at least 1, or auto")
     for name in ("task_group_size", "curriculum_window"):
         if getattr(cfg.env, name) < 1:
             raise ConfigError(f"--{name}={getattr(cfg.env, name)} must be at least 1")
@@ -482,11 +553,21 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
     if cfg.run.restart_behavior == "resume" and saved.is_file():
         # A resumed run keeps its saved settings; the preset and the command line still win.
         layers.insert(0, (load_saved_config(saved), str(saved)))
+        given = layers[1:]  # (files written before envs declared their options hold every env's: not an error)
     else:
         env_defaults = env_defaults_preset(cfg.env.env)
         if env_defaults is not None:
             layers.insert(0, (load_preset(str(env_defaults)), str(env_defaults)))
+        given = layers
     cfg = _layered(layers)
+    table, own_group = option_table(), ENV_OPTION_GROUP_OF.get(cfg.env.env)
+    for overrides, source in given:
+        for name in overrides:
+            if table[name].group not in GROUPS and table[name].group != own_group:
+                raise ConfigError(
+                    f"--{name} (in {source}) is an option of --env={', '.join(envs_taking(table[name].group))}, "
+                    f"not of --env={cfg.env.env}; drop it or change --env"
+                )
     validate(cfg)
     return cfg
 

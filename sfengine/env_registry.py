@@ -10,6 +10,20 @@ A user adds an env from their own script with ``register_env``:
 
     register_env("my_mountain_car", make_my_env)
 
+An env with settings of its own declares them as a dataclass of ``sfengine.config.option`` fields and registers
+it with the factory; they are then flat on the command line, grouped under the env in ``--help``, validated,
+saved in config.json, and handed to the factory as ``ctx.options``:
+
+    @dataclass
+    class MyEnvOptions:
+        group: ClassVar[str] = "my_env"  # its heading in --help and its key in config.json
+        my_env_goal_radius: float = option(0.05, "my env: success radius in metres")
+
+        def validate(self, auto: set[str]) -> None:  # optional; raise ConfigError with a one-line fix
+            ...
+
+    register_env("my_env", make_my_env, options=MyEnvOptions)  # --my_env_goal_radius=0.1
+
 Factories must be module-level functions: rollout workers are spawned processes and receive the factory by
 pickling, which a lambda or a locally defined function cannot survive.
 """
@@ -20,10 +34,11 @@ import difflib
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 
-from sfengine.config import ConfigError, EnvConfig
+from sfengine.config import Config, ConfigError, EnvConfig, declare_env_options, load_builtin_envs
 from sfengine.sizing import Sizer
 
 
@@ -36,8 +51,23 @@ class EnvContext:
     env_index: int  # index of this env within its rollout worker
     seed: int
     max_episode_steps: int = 0  # 0: the env's own limit
-    env_config: EnvConfig | None = None  # every --env option, for factories that take settings
+    env_config: EnvConfig | None = None  # the engine's env options (seed, task sampling, ...)
     render_size: int = 0  # > 0: evaluation records videos, so ``render()`` must return rgb frames (about this size)
+    options: Any = None  # the options the env declared with register_env(..., options=), None if it declared none
+
+
+def env_context(cfg: Config, worker_index: int, env_index: int, seed: int, render_size: int = 0) -> EnvContext:
+    """The context of one env of this run."""
+    return EnvContext(
+        cfg.env.env,
+        worker_index,
+        env_index,
+        seed,
+        cfg.env.max_episode_steps,
+        cfg.env,
+        render_size,
+        cfg.own_env_options,
+    )
 
 
 EnvFactory = Callable[[EnvContext], gym.Env]
@@ -46,11 +76,14 @@ _REGISTRY: dict[str, EnvFactory] = {}
 _SIZERS: dict[str, Sizer] = {}
 
 
-def register_env(name: str, factory: EnvFactory, sizer: Sizer | None = None) -> None:
+def register_env(name: str, factory: EnvFactory, sizer: Sizer | None = None, options: type | None = None) -> None:
     """Make ``--env=<name>`` build envs with ``factory(ctx: EnvContext) -> gymnasium.Env``. ``sizer`` (see
-    ``sfengine.sizing``) chooses the options set to ``auto`` for this env from what its envs cost."""
+    ``sfengine.sizing``) chooses the options set to ``auto`` for this env from what its envs cost. ``options``:
+    the dataclass of the env's own options (see the module docstring); the factory gets them as ``ctx.options``."""
     if not callable(factory):
         raise TypeError(f"register_env({name!r}, ...): factory must be callable")
+    if options is not None:
+        declare_env_options(name, options)
     _REGISTRY[name] = factory
     if sizer is not None:
         _SIZERS[name] = sizer
@@ -58,7 +91,7 @@ def register_env(name: str, factory: EnvFactory, sizer: Sizer | None = None) -> 
 
 def env_sizer(name: str) -> Sizer | None:
     """The sizer registered with env ``name``, if any."""
-    _load_builtin_envs()
+    load_builtin_envs()
     return _SIZERS.get(name)
 
 
@@ -70,13 +103,9 @@ def make_gymnasium_env(ctx: EnvContext) -> gym.Env:
     return gym.make(ctx.name, disable_env_checker=True, **kwargs)
 
 
-def _load_builtin_envs() -> None:
-    import sfengine_envs  # noqa: F401  (registers the built-in envs)
-
-
 def resolve_env_factory(name: str) -> EnvFactory:
     """Return the factory for ``name`` or raise ConfigError listing the known envs."""
-    _load_builtin_envs()
+    load_builtin_envs()
     if name in _REGISTRY:
         factory = _REGISTRY[name]
     elif name in gym.registry:

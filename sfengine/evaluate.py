@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from sfengine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from sfengine.config import AUTO, AUTO_OPTIONS, OPTION_GROUP, Config, ConfigError, build_parser, parse_config
+from sfengine.config import AUTO, Config, ConfigError, auto_capable_options, build_parser, parse_config
 from sfengine.distributed import RankInfo
-from sfengine.env_registry import EnvContext, EnvFactory, env_sizer, resolve_env_factory
+from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.evaluation.episode_queue import evaluated_init_states, evaluation_episodes
 from sfengine.evaluation.evaluator import run_evaluation
 from sfengine.evaluation.report import EvalReport
@@ -67,9 +67,9 @@ def relayout(cfg: Config, given: set[str]) -> None:
     """The training run's worker layout was sized for training (a learner beside the workers, every env cycling
     through all tasks); an evaluation sizes its own, so the ``auto`` options not given on this command line go
     back to ``auto``."""
-    for name, can_be_auto in AUTO_OPTIONS.items():
-        if can_be_auto and name not in given:
-            setattr(getattr(cfg, OPTION_GROUP[name]), name, AUTO)
+    for name in auto_capable_options(cfg):
+        if name not in given:
+            cfg.set(name, AUTO)
 
 
 def resolve_checkpoint(cfg: Config) -> Path:
@@ -103,7 +103,7 @@ def load_policy(cfg: Config, path: Path, obs_spec, action_spec) -> tuple[ActorCr
 
 def check_renderer(cfg: Config, factory: EnvFactory, tasks: TaskInfo | None) -> None:
     """--video_per_task needs frames: build one env as the workers will, reset it, and render once."""
-    ctx = EnvContext(cfg.env.env, -1, 0, cfg.env.seed, cfg.env.max_episode_steps, cfg.env, cfg.eval.video_size)
+    ctx = env_context(cfg, -1, 0, cfg.env.seed, cfg.eval.video_size)
     try:
         env = factory(ctx)
         try:

@@ -12,14 +12,13 @@ learner, and its episode queue keeps each env on one task at a time, so an env n
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
 
-from sfengine.config import AUTO, GROUPS, OPTION_GROUP, Config, auto_options, validate
+from sfengine.config import AUTO, Config, auto_options, option_table, validate
 from sfengine.multitask import TaskInfo
 
 DEFAULT_ENVS_PER_WORKER = 8
@@ -63,9 +62,7 @@ def resolve_auto_options(
         return None
     reason = (sizer or size_by_cores)(cfg, machine or Machine.here(), tasks, evaluation)
     for name in auto_options(cfg):  # options the sizer has no opinion on keep their defaults
-        group = getattr(cfg, OPTION_GROUP[name])
-        default = next(f.default for f in dataclasses.fields(GROUPS[OPTION_GROUP[name]]) if f.name == name)
-        setattr(group, name, default)
+        cfg.set(name, option_table()[name].default)
     validate(cfg)
-    values = ", ".join(f"{name}={getattr(getattr(cfg, OPTION_GROUP[name]), name)}" for name in chosen)
+    values = ", ".join(f"{name}={cfg.get(name)}" for name in chosen)
     return f"auto: {values} ({reason})"

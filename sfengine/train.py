@@ -16,7 +16,7 @@ import torch
 from sfengine.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
 from sfengine.config import Config, ConfigError, env_defaults_preset, parse_config, save_config
 from sfengine.distributed import RankInfo
-from sfengine.env_registry import EnvContext, EnvFactory, env_sizer, resolve_env_factory
+from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.event_loop import configure_logging
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo, task_info
@@ -49,7 +49,7 @@ def prepare_experiment_dir(cfg: Config, ranks: RankInfo) -> dict | None:
 def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, TaskInfo | None]:
     """Build one env in this process to learn its spaces (and tasks, for a multi-task env), then close it."""
     try:
-        env = factory(EnvContext(cfg.env.env, -1, 0, cfg.env.seed, cfg.env.max_episode_steps, cfg.env))
+        env = factory(env_context(cfg, -1, 0, cfg.env.seed))
     except Exception as exc:  # noqa: BLE001  (any failure here is a failure to build the user's env)
         raise ConfigError(f"env '{cfg.env.env}' could not be created: {type(exc).__name__}: {exc}") from None
     try:

@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 
 from sfengine.config import ConfigError, parse_config, shipped_presets
-from sfengine.env_registry import EnvContext, resolve_env_factory
+from sfengine.env_registry import env_context, resolve_env_factory
 from sfengine.sizing import Machine
 
 WORKER_PROCESS_GB = 0.35  # a rollout worker process before its envs: Python, torch, the engine
@@ -61,9 +61,7 @@ def probe_env(train_args: list[str]) -> EnvProbe:
         cfg = parse_config([*train_args, f"--train_dir={tmp}"])
     me = psutil.Process()
     rss_before = me.memory_info().rss
-    env = resolve_env_factory(cfg.env.env)(
-        EnvContext(cfg.env.env, 0, 0, cfg.env.seed, cfg.env.max_episode_steps, cfg.env)
-    )
+    env = resolve_env_factory(cfg.env.env)(env_context(cfg, 0, 0, cfg.env.seed))
     env.reset(seed=cfg.env.seed)
     env.action_space.seed(cfg.env.seed)
     wall, cpu = time.perf_counter(), time.process_time()

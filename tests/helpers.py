@@ -11,7 +11,18 @@ import textwrap
 from collections import Counter
 from pathlib import Path
 
+from sfengine.config import Config
+from sfengine.env_registry import env_context, resolve_env_factory
 from sfengine.scheduler import Assignment
+
+
+def make_env(env_name: str, **options):
+    """One env built as a rollout worker builds it, with these flat options (``libero_sim_cache=2``)."""
+    cfg = Config()
+    cfg.env.env = env_name
+    for name, value in options.items():
+        cfg.set(name, value)
+    return resolve_env_factory(env_name)(env_context(cfg, 0, 0, 0))
 
 
 def train_command(train_dir: Path, experiment: str, *args: str) -> list[str]:

@@ -1,11 +1,14 @@
+import json
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pytest
 
 from helpers import run_train
-from sfengine.config import ConfigError, parse_config
+from sfengine.config import Config, ConfigError, option, parse_config, save_config
+from sfengine.env_registry import make_gymnasium_env, register_env
 
 
 def test_preset_overrides_defaults_and_command_line_overrides_preset(tmp_path):
@@ -32,6 +35,15 @@ def test_shipped_preset_found_by_name(tmp_path):
         (["--batch_size=1000", "--rollout=32"], "not a multiple of --rollout=32"),
         (["--cfg=no_such_preset"], "no such preset"),
         (["--restart_behavior=maybe"], "is not one of resume, restart, overwrite"),
+        # Env options belong to their env, are validated by it, and are refused for another env.
+        (["--env=synthetic", "--synthetic_obs=image:84"], "--synthetic_obs: synthetic observation 'image:84'"),
+        (["--env=libero_goal", "--libero_sim_cache=0"], "--libero_sim_cache=0 must be at least 1, or auto"),
+        (["--env=libero_goal", "--libero_obs_mode=depth"], "--libero_obs_mode='depth' is not one of state, rgb"),
+        (
+            ["--env=CartPole-v1", "--libero_obs_mode=rgb"],
+            "--libero_obs_mode (in the command line) is an option of --env=libero_spatial, libero_object, "
+            "libero_goal, libero_10, libero_90, not of --env=CartPole-v1; drop it or change --env",
+        ),
         (
             ["--async_rl=false", "--num_workers=3", "--num_envs_per_worker=4"],
             "--async_rl=False needs batch_size x num_batches_per_epoch (2048) to be a multiple of num_workers x "
@@ -74,8 +86,11 @@ def test_help_works_outside_the_repository(tmp_path):
     assert result.returncode == 0
     for group in ("sampler:", "learner:", "model:", "run:"):
         assert group in result.stdout
-    # --cfg lists the shipped presets with what each is for.
+    # Each env's own options form a group under the env's name, naming the envs that take them.
     words = " ".join(result.stdout.split())
+    assert "synthetic: options of --env=synthetic --synthetic_step_ms FLOAT" in words
+    assert "libero: options of --env=libero_spatial, libero_object, libero_goal, libero_10, libero_90" in words
+    # --cfg lists the shipped presets with what each is for.
     assert "mujoco: Continuous control with dense rewards" in words and "pendulum: Pendulum-v1" in words
 
 
@@ -83,3 +98,32 @@ def test_continuous_control_preset_runs_the_reference_ppo_shape(tmp_path):
     cfg = parse_config(["--cfg=mujoco", "--env=Hopper-v5", f"--train_dir={tmp_path}"])
     assert cfg.model.actor_critic == "separate" and cfg.model.normalize_returns
     assert (cfg.learner.num_epochs, cfg.samples_per_training_batch, cfg.learner.entropy_coeff) == (10, 2048, 0.0)
+
+
+def test_env_options_are_saved_with_the_run_and_kept_on_resume(tmp_path):
+    cfg = parse_config(["--env=synthetic", "--synthetic_step_ms=3", f"--train_dir={tmp_path}"])
+    assert cfg.own_env_options.synthetic_step_ms == 3.0
+    assert "libero" not in cfg.to_dict()  # only the run's own env's options
+    cfg.experiment_dir.mkdir()
+    save_config(cfg, cfg.experiment_dir / "config.json")
+    resumed = parse_config(["--env=synthetic", f"--train_dir={tmp_path}"])
+    assert resumed.own_env_options.synthetic_step_ms == 3.0
+
+
+def test_a_config_saved_when_every_env_option_was_in_the_env_group_still_resumes(tmp_path):
+    # Before envs declared their own options, config.json held all of them, of every env, under "env".
+    old = Config().to_dict()
+    old["env"].update(env="synthetic", synthetic_step_ms=3.0, libero_obs_mode="state", libero_sim_cache=1)
+    (tmp_path / "default_experiment").mkdir()
+    (tmp_path / "default_experiment" / "config.json").write_text(json.dumps(old))
+    cfg = parse_config([f"--train_dir={tmp_path}"])
+    assert cfg.env.env == "synthetic" and cfg.own_env_options.synthetic_step_ms == 3.0
+
+
+def test_env_options_that_clash_with_existing_ones_are_refused_at_registration():
+    @dataclass
+    class Clashing:
+        num_workers: int = option(1, "clashes with the engine's option")
+
+    with pytest.raises(TypeError, match="num_workers already exist"):
+        register_env("clashing_env", make_gymnasium_env, options=Clashing)

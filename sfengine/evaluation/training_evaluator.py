@@ -23,7 +23,7 @@ from signal_slot.signal_slot import Timer, signal
 
 from sfengine.buffers import SharedWeights
 from sfengine.config import Config
-from sfengine.env_registry import EnvContext, EnvFactory
+from sfengine.env_registry import EnvFactory, env_context
 from sfengine.evaluation.episode_queue import SINGLE_TASK, EvalEpisode, training_evaluation_episodes
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.messages import EpisodeStats, EvalResult, EvaluatorReport
@@ -66,10 +66,7 @@ class TrainingEvaluator(Component):
         self.model = ActorCritic(self.obs_spec, self.action_spec, cfg.model).eval()
         num_envs = cfg.envs_per_split
         # Seeds apart from every rollout worker's (single-task episodes reset with their own seed anyway).
-        self.contexts = [
-            EnvContext(cfg.env.env, -1, i, cfg.env.seed * 1_000_003 - 1 - i, cfg.env.max_episode_steps, cfg.env)
-            for i in range(num_envs)
-        ]
+        self.contexts = [env_context(cfg, -1, i, cfg.env.seed * 1_000_003 - 1 - i) for i in range(num_envs)]
         self.envs = [self.env_factory(ctx) for ctx in self.contexts]
         self.playing: list[EvalEpisode | None] = [None] * num_envs
         self.obs: list[dict | None] = [None] * num_envs

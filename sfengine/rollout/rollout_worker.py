@@ -25,7 +25,7 @@ from signal_slot.signal_slot import Timer, signal
 from sfengine.buffers import NO_ENV, POLICY_FIELDS, SharedBuffers
 from sfengine.config import Config
 from sfengine.distributed import RankInfo
-from sfengine.env_registry import EnvContext, EnvFactory
+from sfengine.env_registry import EnvContext, EnvFactory, env_context
 from sfengine.evaluation.episode_queue import SINGLE_TASK, SharedEpisodeQueue
 from sfengine.evaluation.video import EpisodeVideo, EvalOutput
 from sfengine.event_loop import Component, stop_own_loop
@@ -125,11 +125,7 @@ class RolloutWorker(Component):
                 global_worker = RankInfo.from_environment().rank * cfg.sampler.num_workers + self.worker
                 seed = cfg.env.seed * 1_000_003 + global_worker * cfg.sampler.num_envs_per_worker + env_index
                 render_size = self.evaluation.video_size if self.evaluation and self.evaluation.video_dir else 0
-                contexts.append(
-                    EnvContext(
-                        cfg.env.env, self.worker, env_index, seed, cfg.env.max_episode_steps, cfg.env, render_size
-                    )
-                )
+                contexts.append(env_context(cfg, self.worker, env_index, seed, render_size))
             envs = [self.env_factory(ctx) for ctx in contexts]
             self.splits.append(SplitRunner(envs, contexts, self.worker * cfg.sampler.worker_num_splits + split))
 

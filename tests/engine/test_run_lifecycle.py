@@ -244,10 +244,13 @@ def test_restart_moves_the_old_run_aside_and_overwrite_deletes_it(train_dir):
 USER_SCRIPT = textwrap.dedent(
     """
     import sys
+    from dataclasses import dataclass
+    from typing import ClassVar
 
     import gymnasium as gym
 
     from sfengine import register_env
+    from sfengine.config import ConfigError, option
     from sfengine.train import main
     from sfengine_envs.multitask_toy import make_multitask_toy
 
@@ -266,9 +269,19 @@ USER_SCRIPT = textwrap.dedent(
             return obs, reward, terminated, truncated, info
 
 
+    @dataclass
+    class ShortPendulumOptions:
+        group: ClassVar[str] = "short_pendulum"
+        short_pendulum_steps: int = option(25, "steps per episode")
+
+        def validate(self, auto):
+            if self.short_pendulum_steps < 1:
+                raise ConfigError("--short_pendulum_steps must be at least 1")
+
+
     def make_short_pendulum(ctx):
-        # Pendulum never ends by itself: every episode lasts exactly the user's limit.
-        return ReportsIsSuccess(gym.make("Pendulum-v1", max_episode_steps=25))
+        # Pendulum never ends by itself: every episode lasts exactly the user's limit, an option of its own.
+        return ReportsIsSuccess(gym.make("Pendulum-v1", max_episode_steps=ctx.options.short_pendulum_steps))
 
 
     class EvenTasksSucceed(gym.Wrapper):
@@ -304,7 +317,7 @@ USER_SCRIPT = textwrap.dedent(
         return FlakySimulator(gym.make("CartPole-v1"))
 
 
-    register_env("short_pendulum", make_short_pendulum)
+    register_env("short_pendulum", make_short_pendulum, options=ShortPendulumOptions)
     register_env("graded_toy", make_graded_toy)
     register_env("flaky_cartpole", make_flaky_cartpole)
     register_env("lambda_env", lambda ctx: gym.make("CartPole-v1"))
@@ -315,19 +328,33 @@ USER_SCRIPT = textwrap.dedent(
 )
 
 
-def test_env_registered_from_a_user_script_runs_in_spawned_workers(tmp_path, train_dir):
+def test_env_registered_from_a_user_script_runs_in_spawned_workers_with_its_own_options(tmp_path, train_dir):
     script = tmp_path / "my_train.py"
     script.write_text(USER_SCRIPT)
     base = [sys.executable, str(script), f"--train_dir={train_dir}", *FAST[1:]]
     result = subprocess.run(
-        [*base, "--env=short_pendulum", "--experiment=user", "--train_for_env_steps=8192"],
+        [*base, "--env=short_pendulum", "--experiment=user", "--train_for_env_steps=8192", "--short_pendulum_steps=20"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
     summary = read_summary(train_dir, "user")
-    assert summary["episode_len_mean"] == 25  # the user's own env, time limit included, ran in the workers
+    assert summary["episode_len_mean"] == 20  # the user's own env, with its own option, ran in the workers
+    saved = json.loads((train_dir / "user" / "config.json").read_text())
+    assert saved["short_pendulum"] == {"short_pendulum_steps": 20}
+    assert "synthetic" not in saved and "libero" not in saved  # the options of other envs are not this run's
+
+    result = subprocess.run([*base, "--help"], capture_output=True, text=True, timeout=120)
+    words = " ".join(result.stdout.split())
+    assert "short_pendulum: options of --env=short_pendulum --short_pendulum_steps INT steps per episode" in words
+    result = subprocess.run(
+        [*base, "--env=short_pendulum", "--experiment=bad", "--short_pendulum_steps=0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "--short_pendulum_steps must be at least 1" in result.stderr
     assert summary["success_rate"] == pytest.approx(0.5, abs=0.1)  # read from info["is_success"]
 
     result = subprocess.run(

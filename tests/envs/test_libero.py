@@ -13,12 +13,12 @@ from functools import cache
 import numpy as np
 import pytest
 
-from helpers import read_summary, run_train, train_command
+from helpers import make_env, read_summary, run_train, train_command
 
 pytest.importorskip("libero", reason="the libero extra is not installed: pip install -e '.[libero]'")
 
-from sfengine.config import EnvConfig, auto_options, parse_config  # noqa: E402
-from sfengine.env_registry import EnvContext, env_sizer, resolve_env_factory  # noqa: E402
+from sfengine.config import auto_options, parse_config  # noqa: E402
+from sfengine.env_registry import env_sizer  # noqa: E402
 from sfengine.multitask import TaskInfo  # noqa: E402
 from sfengine.sizing import Machine, resolve_auto_options  # noqa: E402
 from sfengine_envs.libero_suite import SUITE_STEP_LIMITS  # noqa: E402
@@ -26,12 +26,6 @@ from sfengine_envs.libero_suite import SUITE_STEP_LIMITS  # noqa: E402
 SUITES = list(SUITE_STEP_LIMITS)
 # -1 opens the gripper: the action of the settle steps, written out here so that a wrong constant in the env shows.
 GRIPPER_OPEN_NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)
-
-
-def make(suite: str, **env_options):
-    # As a rollout worker does: --max_episode_steps reaches the factory in the EnvContext, the rest in the EnvConfig.
-    env_config = EnvConfig(env=suite, **env_options)
-    return resolve_env_factory(suite)(EnvContext(suite, 0, 0, 0, env_config.max_episode_steps, env_config))
 
 
 @cache
@@ -49,14 +43,14 @@ def spatial_env():
     # starts with a reset, which replays an init state exactly, so their order does not matter. 12-step episodes
     # keep truncation cheap and leave room for the 10 settle steps one test replays by hand; two simulators let a
     # test go back to a task it played.
-    env = make("libero_spatial", max_episode_steps=12, libero_sim_cache=2)
+    env = make_env("libero_spatial", max_episode_steps=12, libero_sim_cache=2)
     yield env
     env.close()
 
 
 @pytest.mark.parametrize("suite", SUITES)
 def test_first_task_of_each_suite_resets_to_an_init_state_and_steps(suite):
-    env = make(suite)
+    env = make_env(suite)
     try:
         assert env.num_tasks == (90 if suite == "libero_90" else 10)
         assert env.num_init_states(0) == 50
@@ -88,8 +82,8 @@ PUBLISHED_STEP_LIMITS = [
 def test_each_suite_uses_its_published_step_limit_unless_max_episode_steps_is_given(suite, step_limit):
     # Building the env builds no simulator (that waits for the first reset), so this costs no physics; that an
     # episode is truncated at this limit is tested below on a simulator.
-    assert make(suite).max_episode_steps == step_limit
-    assert make(suite, max_episode_steps=7).max_episode_steps == 7
+    assert make_env(suite).max_episode_steps == step_limit
+    assert make_env(suite, max_episode_steps=7).max_episode_steps == 7
 
 
 def test_max_episode_steps_truncates_the_episode_at_its_last_step_with_the_instruction(spatial_env):
@@ -160,7 +154,7 @@ def test_training_on_libero_spatial_runs_end_to_end(train_dir):
 def test_success_is_detected_and_terminates_the_episode():
     # libero_spatial task 0: "put the black bowl on the plate". Place the bowl just above the plate in the
     # simulator; the gripper-open no-op then lets it settle onto the plate, which satisfies the goal.
-    env = make("libero_spatial", libero_reward_coef=2.0)
+    env = make_env("libero_spatial", libero_reward_coef=2.0)
     try:
         env.reset(options={"task": 0, "init_state": 0})
         sim = env.sim.env.sim
@@ -183,7 +177,7 @@ def test_success_is_detected_and_terminates_the_episode():
 
 
 def test_a_reused_env_replays_an_init_state_exactly():
-    env = make("libero_goal")
+    env = make_env("libero_goal")
     try:
         first = env.reset(options={"task": 0, "init_state": 7})[0]
         for _ in range(5):
@@ -197,7 +191,7 @@ def test_a_reused_env_replays_an_init_state_exactly():
 
 
 def test_a_task_switch_reuses_a_kept_simulator_and_replays_the_same_episode():
-    env = make("libero_spatial", libero_sim_cache=2)
+    env = make_env("libero_spatial", libero_sim_cache=2)
     try:
         first = env.reset(options={"task": 0, "init_state": 4})[0]
         task0_sim = env.sim
@@ -214,7 +208,7 @@ def test_a_task_switch_reuses_a_kept_simulator_and_replays_the_same_episode():
 
 
 def test_without_a_cache_every_task_switch_rebuilds_the_simulator():
-    env = make("libero_goal")
+    env = make_env("libero_goal")
     try:
         for task in (0, 1, 0):
             env.reset(options={"task": task, "init_state": 0})
@@ -234,7 +228,7 @@ def test_state_mode_computes_the_observables_the_policy_receives_and_no_others(s
 
 
 def test_rgb_mode_gives_upright_uint8_images_of_the_asked_size():
-    env = make("libero_object", libero_obs_mode="rgb", libero_image_size=32)
+    env = make_env("libero_object", libero_obs_mode="rgb", libero_image_size=32)
     try:
         obs, _ = env.reset(options={"task": 0, "init_state": 0})
         obs, *_ = env.step(np.zeros(7, dtype=np.float32))
@@ -266,14 +260,14 @@ def test_libero_defaults_size_workers_and_simulator_caches_from_cores_and_memory
 ):
     cfg = parse_config(["--env=libero_spatial", f"--train_dir={tmp_path}"])
     assert auto_options(cfg) == [
-        "libero_sim_cache",
         "num_workers",
         "num_envs_per_worker",
+        "libero_sim_cache",
     ]  # configs/libero_spatial.yaml
     tasks = TaskInfo([f"t{i}" for i in range(10)], [50] * 10)
     line = resolve_auto_options(cfg, env_sizer("libero_spatial"), tasks, machine, evaluation)
     assert cfg.sampler.num_workers == machine.cores
-    assert cfg.sampler.num_envs_per_worker == envs_per_worker and cfg.env.libero_sim_cache == sim_cache
+    assert cfg.sampler.num_envs_per_worker == envs_per_worker and cfg.get("libero_sim_cache") == sim_cache
     assert line.startswith("auto: ") and f"{machine.available_gb:.1f} GB available" in line
 
 

@@ -12,15 +12,14 @@ import pytest
 
 pytest.importorskip("libero", reason="the libero extra is not installed: pip install -e '.[libero]'")
 
-from sfengine.config import EnvConfig, parse_config  # noqa: E402
-from sfengine.env_registry import EnvContext, resolve_env_factory  # noqa: E402
+from helpers import make_env  # noqa: E402
+from sfengine.config import parse_config  # noqa: E402
 
 GRIPPER_OPEN_NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)
 
 
 def make(suite: str, fast: bool, **env_options):
-    env_config = EnvConfig(env=suite, libero_fast_step=fast, **env_options)
-    return resolve_env_factory(suite)(EnvContext(suite, 0, 0, 0, env_config.max_episode_steps, env_config))
+    return make_env(suite, libero_fast_step=fast, **env_options)
 
 
 def physics_state(env) -> np.ndarray:
@@ -63,8 +62,8 @@ def spatial_pair():
 
 
 def test_libero_fast_step_is_the_default_and_false_selects_the_stock_step():
-    assert parse_config(["--env=libero_spatial"]).env.libero_fast_step is True
-    assert parse_config(["--env=libero_spatial", "--libero_fast_step=false"]).env.libero_fast_step is False
+    assert parse_config(["--env=libero_spatial"]).own_env_options.libero_fast_step is True
+    assert parse_config(["--env=libero_spatial", "--libero_fast_step=false"]).own_env_options.libero_fast_step is False
     stock = make("libero_spatial", False)
     try:
         assert stock.fast_step is None
