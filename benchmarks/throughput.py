@@ -10,8 +10,9 @@ start-up before the first env step, envs built and reset, is not counted in eith
 
     limit     num_workers spawned processes, each stepping its num_envs_per_worker envs one after the other in a
               loop: no policy, no shared memory, no engine. The envs come from the engine's own factory, with the
-              engine's seeds, and a multi-task env is reset from the same per-worker TaskSchedule as in the
-              rollout worker, so a step and a reset cost what they cost in the engine. Actions are drawn with
+              engine's seeds, and a multi-task env is reset through the task cycle of the engine's TaskSchedule
+              (each env from its own start, so each plays every task), so a step, a reset and the simulators
+              kept cost what they cost in the engine. Actions are drawn with
               action_space.sample() before the loop (a ring per env): rollout workers do not draw actions, so
               the loop times the env alone.
     limit_stock_step  (with --with_stock_step, LIBERO) the limit with robosuite's stock step
@@ -35,7 +36,8 @@ training batch: for slow envs, use a long --seconds or a small --batch_size. The
 Memory is peak RSS, sampled every 0.5 s: of the largest env process (a limit worker, an engine ``sfe-rollout-*``
 process; per env = that / num_envs_per_worker) and summed over all processes of the row (the limit's workers, the
 engine's whole process tree). RSS counts shared pages (the trajectory buffers) in every process that touched
-them. CPU% is the mean over the measured window, 100 = one core. The engine rows also report the
+them; PSS (proportional set size, sampled every 10 s) divides shared pages among the processes that map them,
+so it adds up to what the row takes from the machine. CPU% is the mean over the measured window, 100 = one core. The engine rows also report the
 status line's time split at the window's end. Writes ``throughput_<env>_<tag>.{json,md,png}`` to ``--out``
 (``benchmarks/results/``).
 """
@@ -75,13 +77,24 @@ from sfengine.train import probe_env
 RESULTS = Path(__file__).resolve().parent / "results"
 REPORT_EVERY_SEC = 2.0
 SAMPLE_EVERY_SEC = 0.5
+PSS_EVERY_SEC = 10.0  # proportional memory walks every page table: sampled less often, so it costs no throughput
 ACTION_RING = 1024  # pre-drawn random actions per env, cycled
 STATUS_LINE = re.compile(r"^\[\s*([\d.]+)s\] steps\s+([\d,]+)")
 ENGINE_ENV_PROCESS = "sfe-rollout-"  # the title sfengine.event_loop gives rollout worker processes
 
 
+def pss_bytes(pid: int) -> int:
+    """Proportional set size: each shared page divided among the processes that map it (Linux)."""
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 class ProcessSampler:
-    """Samples RSS and CPU time of a set of processes every 0.5 s, in a thread, while a row runs.
+    """Samples RSS and CPU time of a set of processes every 0.5 s, and their PSS every 10 s, in a thread, while a
+    row runs.
 
     ``processes()`` returns the processes to sample now (the set may change); ``is_env_process`` picks those whose
     own peak is reported. Cumulative CPU keeps the last value of processes that exited, so it never decreases.
@@ -91,6 +104,8 @@ class ProcessSampler:
         self.processes, self.is_env_process = processes, is_env_process
         self.peak_total_rss = 0
         self.peak_rss_by_pid: dict[int, int] = {}
+        self.peak_total_pss = 0
+        self.peak_pss_by_pid: dict[int, int] = {}
         self.cpu_by_pid: dict[int, float] = {}
         self.cpu_history: list[tuple[float, float]] = []  # (time.monotonic(), CPU seconds of all processes)
         self.done = threading.Event()
@@ -105,8 +120,11 @@ class ProcessSampler:
         self.thread.join()
 
     def _run(self) -> None:
+        next_pss = time.monotonic()
         while not self.done.is_set():
-            total = 0
+            total = total_pss = 0
+            with_pss = time.monotonic() >= next_pss
+            next_pss += PSS_EVERY_SEC if with_pss else 0.0
             try:
                 processes = self.processes()
             except psutil.Error:  # a process of the set exited while it was listed; try again next time
@@ -116,13 +134,17 @@ class ProcessSampler:
                     rss = process.memory_info().rss
                     times = process.cpu_times()
                     is_env = self.is_env_process(process)
-                except psutil.Error:
+                    pss = pss_bytes(process.pid) if with_pss else 0
+                except (psutil.Error, OSError):
                     continue
                 total += rss
+                total_pss += pss
                 self.cpu_by_pid[process.pid] = times.user + times.system
                 if is_env:
                     self.peak_rss_by_pid[process.pid] = max(rss, self.peak_rss_by_pid.get(process.pid, 0))
+                    self.peak_pss_by_pid[process.pid] = max(pss, self.peak_pss_by_pid.get(process.pid, 0))
             self.peak_total_rss = max(self.peak_total_rss, total)
+            self.peak_total_pss = max(self.peak_total_pss, total_pss)
             self.cpu_history.append((time.monotonic(), sum(self.cpu_by_pid.values())))
             self.done.wait(SAMPLE_EVERY_SEC)
 
@@ -136,7 +158,13 @@ class ProcessSampler:
 
     def figures(self) -> dict:
         largest = max(self.peak_rss_by_pid.values(), default=0)
-        return {"peak_rss_mb": round(self.peak_total_rss / 2**20), "env_process_peak_rss_mb": round(largest / 2**20)}
+        largest_pss = max(self.peak_pss_by_pid.values(), default=0)
+        return {
+            "peak_rss_mb": round(self.peak_total_rss / 2**20),
+            "env_process_peak_rss_mb": round(largest / 2**20),
+            "peak_pss_mb": round(self.peak_total_pss / 2**20),
+            "env_process_peak_pss_mb": round(largest_pss / 2**20),
+        }
 
 
 def step_envs_in_loop(cfg: Config, worker: int, warmup: float, seconds: float, barrier, results) -> None:
@@ -146,12 +174,15 @@ def step_envs_in_loop(cfg: Config, worker: int, warmup: float, seconds: float, b
     seeds = [cfg.env.seed * 1_000_003 + worker * per_worker + i for i in range(per_worker)]
     envs = [factory(env_context(cfg, worker, i, seed)) for i, seed in enumerate(seeds)]
     info = task_info(envs[0])
-    schedule = None if info is None else TaskSchedule(shard_pairs(info.init_states_per_task, 0, 1))
-    if schedule is not None:
-        schedule.position = worker * per_worker
+    # Each env walks the task cycle from its own start, so that every env plays every task in turn and keeps a
+    # simulator for each, as the engine's envs come to do. (One schedule shared by envs that reset in lockstep, as
+    # random-action episodes do, would give each env a fixed subset of the tasks.)
+    schedules = [] if info is None else [TaskSchedule(shard_pairs(info.init_states_per_task, 0, 1)) for _ in envs]
+    for i, schedule in enumerate(schedules):
+        schedule.position = worker * per_worker + i
 
     def reset(i: int, seed: int | None = None) -> None:
-        assignment = schedule.next() if schedule is not None else None
+        assignment = schedules[i].next() if schedules else None
         options = None if assignment is None else {"task": assignment.task, "init_state": assignment.init_state}
         envs[i].reset(seed=seed, options=options)
 
@@ -359,24 +390,25 @@ def run_sample_factory_row(sf_python: str, cfg: Config, args: argparse.Namespace
 def markdown_table(rows: dict[str, dict], num_envs_per_worker: int) -> str:
     lines = [
         "| row | FPS | ratio to limit | ratio to Sample Factory | peak RSS MB: all / per env process / per env "
-        "| CPU% | engine time split |",
-        "|---|---|---|---|---|---|---|",
+        "| peak PSS MB: all / per env process | CPU% | engine time split |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     limit_fps = rows["limit"].get("fps")
     sf_fps = rows.get("sample_factory", {}).get("fps")
     for name, row in rows.items():
         if "error" in row:
-            lines.append(f"| {name} | {row['error']} | - | - | - | - | - |")
+            lines.append(f"| {name} | {row['error']} | - | - | - | - | - | - |")
             continue
         ratio = f"{row['fps'] / limit_fps:.2f}" if limit_fps else "-"
         to_sf = f"{row['fps'] / sf_fps:.2f}" if sf_fps else "-"
         per_process = row["env_process_peak_rss_mb"]
         memory = f"{row['peak_rss_mb']} / {per_process or '-'} / {per_process / num_envs_per_worker:.0f}"
+        pss = f"{row['peak_pss_mb']} / {row['env_process_peak_pss_mb']}" if row.get("peak_pss_mb") else "-"
         split = row.get("time_split", "")
         fps = f"{row['fps']:,.0f}"
         if len(row.get("fps_runs", ())) > 1:
             fps += " (runs: " + " / ".join(f"{run:,.0f}" for run in row["fps_runs"]) + ")"
-        lines.append(f"| {name} | {fps} | {ratio} | {to_sf} | {memory} | {row['cpu_percent']} | {split} |")
+        lines.append(f"| {name} | {fps} | {ratio} | {to_sf} | {memory} | {pss} | {row['cpu_percent']} | {split} |")
     return "\n".join(lines)
 
 

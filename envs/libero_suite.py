@@ -32,9 +32,11 @@ language instruction is in the info of every reset and of the last step.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import os
 import re
+import xml.etree.ElementTree as ElementTree
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache
@@ -57,18 +59,67 @@ SUITE_STEP_LIMITS = {
     "libero_10": 520,
     "libero_90": 400,
 }
-# Memory measured here (2 cores): a rollout worker process with LIBERO imported holds about 0.65 GB before its
-# first simulator, and each simulator adds about 0.27 GB in state mode, 0.8 GB with two 128-pixel cameras. The learner and inference processes
-# and the OS keep the rest of the headroom.
-WORKER_PROCESS_GB = 0.65
-SIMULATOR_GB = {"state": 0.27, "rgb": 0.8}  # rgb: measured with 128-pixel cameras and EGL
-OTHER_PROCESSES_GB = 1.5
+# Proportional memory (PSS) measured here (2 cores, benchmarks.libero_memory): a rollout worker process costs
+# 0.45 GB plus, for each simulator, 0.08-0.10 GB in state mode (built without textures, see _build_sim) and
+# 0.7-0.8 GB in rgb mode (with its textures and cameras; the first one 1.1 GB at 64 pixels). The runner, learner
+# and inference processes hold 0.9 GB together.
+WORKER_PROCESS_GB = 0.45
+SIMULATOR_GB = {"state": 0.10, "rgb": 0.8}
+OTHER_PROCESSES_GB = 0.9
 MEMORY_HEADROOM = 0.85  # of the memory available at start
 CAMERA_OBSERVABLES = ("agentview_image", "robot0_eye_in_hand_image")
 # robosuite observables by modality that each observation mode reads (proprio-state, object-state, the cameras)
 OBSERVED_MODALITIES = {"state": ("robot0_proprio", "object"), "rgb": ("robot0_proprio", "image")}
 GRIPPER_OPEN_NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)
 OBJECT_STATE_PER_OBJECT = 14  # position 3, quaternion 4, and both relative to the end effector
+
+
+def without_textures(xml: str) -> str:
+    """The MJCF model minus its textures and the materials' references to them. Only a renderer reads textures,
+    and a LIBERO scene decodes about 140 MB of them: most of a state-mode simulator's memory. The physics and
+    every state observation are bit-identical without them (tests/envs/test_libero.py)."""
+    root = ElementTree.fromstring(xml)
+    for asset in root.iter("asset"):
+        for texture in asset.findall("texture"):
+            asset.remove(texture)
+        for material in asset.findall("material"):
+            material.attrib.pop("texture", None)
+    return ElementTree.tostring(root, encoding="unicode")
+
+
+@contextlib.contextmanager
+def building_without_textures():
+    """While a robosuite env is constructed, its simulator is compiled from the model without textures (a model
+    that does not compile so falls back to the full one)."""
+    from robosuite.utils.binding_utils import MjSim
+
+    stock = MjSim.__dict__["from_xml_string"]
+
+    def from_xml_string(cls, xml):
+        try:
+            return stock.__func__(cls, without_textures(xml))
+        except (ValueError, ElementTree.ParseError):
+            return stock.__func__(cls, xml)
+
+    MjSim.from_xml_string = classmethod(from_xml_string)
+    try:
+        yield
+    finally:
+        MjSim.from_xml_string = stock
+
+
+@cache
+def _libc():
+    path = ctypes.util.find_library("c")
+    return ctypes.CDLL(path) if path else None
+
+
+def release_free_heap() -> None:
+    """Return the heap's free pages to the OS. Building a simulator leaves its compiler's temporaries freed but
+    kept by glibc (0.6 GB in a worker of 20 simulators); they would count against the next process."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 class LiberoNotInstalledError(ImportError):
@@ -203,6 +254,7 @@ class LiberoSuiteEnv(gym.Env):
                 evicted, sim = self.sims.popitem(last=True)
                 sim.close()
                 self.trackers.pop(evicted, None)
+                release_free_heap()
             self.sims[task] = self._build_sim(task)
             if self.fast_step:
                 self.trackers[task] = self.arm_tracker(self.sims[task].env)
@@ -213,16 +265,19 @@ class LiberoSuiteEnv(gym.Env):
         _, _, control_env = import_libero()
         rgb = self.obs_mode == "rgb"
         self.sims_built += 1
-        sim = control_env(
-            bddl_file_name=self.tasks[task].bddl_file,
-            has_renderer=False,
-            has_offscreen_renderer=rgb,
-            use_camera_obs=rgb,
-            camera_names=["agentview", "robot0_eye_in_hand"],
-            camera_heights=self.image_size,
-            camera_widths=self.image_size,
-            hard_reset=False,
-        )
+        renders = rgb or self.render_size > 0
+        with contextlib.nullcontext() if renders else building_without_textures():
+            sim = control_env(
+                bddl_file_name=self.tasks[task].bddl_file,
+                has_renderer=False,
+                has_offscreen_renderer=rgb,
+                use_camera_obs=rgb,
+                camera_names=["agentview", "robot0_eye_in_hand"],
+                camera_heights=self.image_size,
+                camera_widths=self.image_size,
+                hard_reset=False,
+            )
+        release_free_heap()
         # Only what the policy receives is computed: rgb observations carry no object state (the cameras show it).
         # A soft reset keeps the observables, so this holds for the simulator's life.
         for name, observable in sim.env._observables.items():

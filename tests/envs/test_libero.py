@@ -21,7 +21,7 @@ from sfengine.config import auto_options, parse_config  # noqa: E402
 from sfengine.env_registry import env_sizer  # noqa: E402
 from sfengine.multitask import TaskInfo  # noqa: E402
 from sfengine.sizing import Machine, resolve_auto_options  # noqa: E402
-from sfengine_envs.libero_suite import SUITE_STEP_LIMITS  # noqa: E402
+from sfengine_envs.libero_suite import SUITE_STEP_LIMITS, LiberoSuiteEnv  # noqa: E402
 
 SUITES = list(SUITE_STEP_LIMITS)
 # -1 opens the gripper: the action of the settle steps, written out here so that a wrong constant in the env shows.
@@ -176,6 +176,28 @@ def test_success_is_detected_and_terminates_the_episode():
         env.close()
 
 
+def test_state_mode_simulators_are_built_without_textures_with_bit_identical_physics_and_observations():
+    plain = make_env("libero_object")  # state mode, nothing renders: its simulators leave the textures out
+    textured = LiberoSuiteEnv("libero_object", render_size=64)  # records videos: keeps them
+    try:
+        for task in (0, 7):
+            observations = [env.reset(options={"task": task, "init_state": 2})[0] for env in (plain, textured)]
+            assert plain.sim.env.sim.model.ntex == 0 < textured.sim.env.sim.model.ntex
+            rng = np.random.default_rng(task)
+            for step in range(40):
+                for key in observations[0]:
+                    np.testing.assert_array_equal(observations[0][key], observations[1][key], f"{key} at {step}")
+                for field in ("qpos", "qvel"):
+                    np.testing.assert_array_equal(*(getattr(env.sim.env.sim.data, field) for env in (plain, textured)))
+                action = rng.uniform(-1, 1, 7).astype(np.float32)
+                outcomes = [env.step(action) for env in (plain, textured)]
+                observations = [outcome[0] for outcome in outcomes]
+                assert outcomes[0][1:4] == outcomes[1][1:4]
+    finally:
+        plain.close()
+        textured.close()
+
+
 def test_a_reused_env_replays_an_init_state_exactly():
     env = make_env("libero_goal")
     try:
@@ -247,9 +269,10 @@ def test_rgb_mode_gives_upright_uint8_images_of_the_asked_size():
 @pytest.mark.parametrize(
     "machine, evaluation, envs_per_worker, sim_cache",
     [
-        (Machine(cores=2, available_gb=23.0), False, 2, 10),  # this machine: every env keeps all 10 simulators
-        (Machine(cores=2, available_gb=60.0), False, 4, 10),  # room for 2 envs per split
-        (Machine(cores=2, available_gb=6.0), False, 2, 2),  # short of memory: fewer simulators kept
+        # This machine: 2 envs per split, each keeping all 10 simulators (0.1 GB each in state mode).
+        (Machine(cores=2, available_gb=23.0), False, 4, 10),
+        (Machine(cores=2, available_gb=6.0), False, 2, 8),  # short of memory: 1 env per split, fewer simulators
+        (Machine(cores=2, available_gb=3.0), False, 2, 1),
         # An evaluation's env keeps to one task at a time: one simulator each, one env per split, whatever the memory.
         (Machine(cores=2, available_gb=23.0), True, 2, 1),
         (Machine(cores=2, available_gb=60.0), True, 2, 1),
