@@ -4,18 +4,19 @@
 One env plays any task of its suite. ``reset(options={"task": t, "init_state": i})`` follows the
 multi-task contract of ``sfengine.multitask``:
 
-    simulator of task t (kept from an earlier episode, or built: 2-4 s)
+    simulator of task t (kept from an earlier episode, or built: 1-2 s)
     -> soft reset (about 30 ms) -> set_init_state(init_states[t][i]) -> ``settle_steps`` no-op steps, gripper open
 
-Each task has its own scene, so switching task means another simulator. Building one costs 2-4 s, as much as
-a whole 220-step episode, while each kept simulator holds about 0.27 GB. An env therefore keeps up to
+Each task has its own scene, so switching task means another simulator. Building one costs 1-2 s, a good part
+of an episode, while each kept simulator holds about 0.1 GB in state mode. An env therefore keeps up to
 ``sim_cache`` simulators, one per task it played (``--libero_sim_cache``; ``auto`` sizes it from memory). Tasks
 come round-robin, a cyclic order in which evicting the least recently used simulator would miss every time; the
 most recently used one is evicted instead, so a cache of K simulators still serves K-1 tasks of each cycle.
 
 Observations (``obs_mode``):
 
-- ``state`` (default, no renderer is created): ``proprio`` (robot0_proprio-state), ``object`` (object-state,
+- ``state`` (default, no renderer is created, and the simulators are built without the scene's textures, which
+  only a renderer reads: 0.1 GB a simulator instead of 0.25, bit-identical physics): ``proprio`` (robot0_proprio-state), ``object`` (object-state,
   zero-padded to the suite's largest task so that every task shares one space) and ``task`` (one-hot task id:
   the MLP's first layer on it is a learned task embedding).
 - ``rgb``: ``agentview`` and ``wrist`` ``uint8`` images of ``image_size`` pixels, flipped upright, plus
@@ -384,7 +385,7 @@ class LiberoOptions:
         True, "step with one forward-dynamics pass per substep instead of three: same physics, ~1.7x faster"
     )
     libero_sim_cache: int = option(
-        1, "simulators each env keeps, one per task, so a task switch costs no rebuild (2-4 s)", auto=True
+        1, "simulators each env keeps, one per task, so a task switch costs no rebuild (1-2 s)", auto=True
     )
 
     def validate(self, auto: set[str]) -> None:
@@ -413,7 +414,7 @@ def make_libero_env(suite: str, ctx: EnvContext) -> gym.Env:
 def size_libero(cfg: Config, machine: Machine, tasks: TaskInfo | None, evaluation: bool = False) -> str:
     """Choose the ``auto`` options of a LIBERO run. The physics is CPU-bound, so one rollout worker per core;
     then memory: 2 envs per split when every env can keep a simulator for each of its tasks, else 1, and each
-    env keeps as many simulators as the memory left allows (a task switch without one costs a 2-4 s rebuild,
+    env keeps as many simulators as the memory left allows (a task switch without one costs a 1-2 s rebuild,
     as much as a whole episode, so a simulator kept is worth more than an env added).
 
     An evaluation's env keeps to one task until that task's episodes run out and never goes back to it, so one
