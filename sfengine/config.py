@@ -182,6 +182,7 @@ GROUPS: dict[str, type] = {
 
 # Options an env declares next to its factory (``register_env(name, factory, options=...)``): a dataclass of
 # ``option()`` fields, named by its ``group`` class attribute (default: the first env registered with it).
+# Declarations come at import time, before any option is parsed; option_table() caches what they add up to.
 ENV_OPTION_GROUPS: dict[str, type] = {}  # group name -> options dataclass
 ENV_OPTION_GROUP_OF: dict[str, str] = {}  # env name -> its group
 
@@ -191,7 +192,8 @@ def declare_env_options(env_name: str, options_cls: type) -> None:
     ``register_env``; several envs may share one class (the five LIBERO suites do)."""
     if not (isinstance(options_cls, type) and dataclasses.is_dataclass(options_cls)):
         raise TypeError(f"register_env({env_name!r}, ..., options=...): options must be a dataclass of option() fields")
-    group = getattr(options_cls, "group", env_name)
+    known = [name for name, cls in ENV_OPTION_GROUPS.items() if cls is options_cls]
+    group = known[0] if known else getattr(options_cls, "group", env_name)
     declared = ENV_OPTION_GROUPS.get(group)
     if declared is not None and declared is not options_cls:
         raise TypeError(f"env options {options_cls.__name__}: the group name {group!r} is taken by {declared.__name__}")
@@ -205,6 +207,7 @@ def declare_env_options(env_name: str, options_cls: type) -> None:
         )
     ENV_OPTION_GROUPS[group] = options_cls
     ENV_OPTION_GROUP_OF[env_name] = group
+    _env_options.cache_clear()
 
 
 def envs_taking(group: str) -> list[str]:
@@ -302,10 +305,15 @@ def _static_options() -> dict[str, OptionInfo]:
     return _options_of(GROUPS)
 
 
+@cache
+def _env_options() -> dict[str, OptionInfo]:
+    return _options_of(ENV_OPTION_GROUPS)
+
+
 def option_table() -> dict[str, OptionInfo]:
     """Every flat option name: the engine's and those declared by the registered envs."""
     load_builtin_envs()
-    return {**_static_options(), **_options_of(ENV_OPTION_GROUPS)}
+    return {**_static_options(), **_env_options()}
 
 
 def _type_name(annotation: Any) -> str:
