@@ -15,10 +15,10 @@ most recently used one is evicted instead, so a cache of K simulators still serv
 
 Observations (``obs_mode``):
 
-- ``state`` (default, no renderer is created, and the simulators are built without the scene's textures, which
-  only a renderer reads: 0.1 GB a simulator instead of 0.25, bit-identical physics): ``proprio`` (robot0_proprio-state), ``object`` (object-state,
-  zero-padded to the suite's largest task so that every task shares one space) and ``task`` (one-hot task id:
-  the MLP's first layer on it is a learned task embedding).
+- ``state`` (default): ``proprio`` (robot0_proprio-state), ``object`` (object-state, zero-padded to the suite's
+  largest task so that every task shares one space) and ``task`` (one-hot task id: the MLP's first layer on it
+  is a learned task embedding). No renderer is created, and the simulators are built without the scene's
+  textures, which only a renderer reads: 0.1 GB a simulator instead of 0.25, bit-identical physics.
 - ``rgb``: ``agentview`` and ``wrist`` ``uint8`` images of ``image_size`` pixels, flipped upright, plus
   ``proprio`` and ``task``.
 
