@@ -66,7 +66,7 @@ def run_single_loop(suite: str, checkpoint: Path, tasks: list[int], init_states:
     cfg = parse_config([f"--env={suite}"])
     factory = resolve_env_factory(suite)
     obs_spec, action_spec, task_info = probe_env(cfg, factory)
-    model = ActorCritic(obs_spec, action_spec, cfg.model)
+    model = ActorCritic.for_config(cfg, obs_spec, action_spec)
     model.load_state_dict(load_checkpoint(checkpoint)["model"])
     model.eval()
     env = factory(env_context(cfg, 0, 0, 0))

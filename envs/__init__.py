@@ -7,6 +7,7 @@ registration: ``--env=CartPole-v1`` works as it is.
 - ``multitask_toy``: 4 tasks x 5 init states, for the task scheduling machinery.
 - ``sparse_reach``: a 2-dim continuous reach with a sparse 0/1 success reward (learning must not depend on the
   reward's scale).
+- ``multitask_reach``: sparse_reach as 8 tasks x 10 init states, for critic-free group advantages (rloo, grpo).
 - ``synthetic``: a fixed CPU cost per step and a configurable observation, to measure the engine's overhead.
 - ``libero_spatial``, ``libero_object``, ``libero_goal``, ``libero_10``, ``libero_90``: LIBERO suites (needs the
   ``libero`` extra: ``pip install -e '.[libero]'``; LIBERO is imported only when such an env is built).
@@ -18,12 +19,13 @@ from sfengine.env_registry import register_env
 from sfengine_envs.image_bandit import make_image_bandit
 from sfengine_envs.libero_suite import SUITE_STEP_LIMITS, LiberoOptions, make_libero_env, size_libero
 from sfengine_envs.multitask_toy import make_multitask_toy
-from sfengine_envs.sparse_reach import make_sparse_reach
+from sfengine_envs.sparse_reach import make_multitask_reach, make_sparse_reach
 from sfengine_envs.synthetic import SyntheticOptions, make_synthetic
 
 register_env("image_bandit", make_image_bandit)
 register_env("multitask_toy", make_multitask_toy)
 register_env("sparse_reach", make_sparse_reach)
+register_env("multitask_reach", make_multitask_reach)
 register_env("synthetic", make_synthetic, options=SyntheticOptions)
 for suite in SUITE_STEP_LIMITS:
     register_env(suite, partial(make_libero_env, suite), sizer=size_libero, options=LiberoOptions)

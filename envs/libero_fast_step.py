@@ -25,8 +25,9 @@ that work with the same numpy and robosuite functions in the same order, without
 lookups, property arrays and repeated Jacobians (about 3x less Python); it serves robosuite's operational-space
 controller with a fixed impedance and no interpolator (LIBERO's ``OSC_POSE``) and hands anything else back to
 robosuite's code. The rest is robosuite's too, in the stock order: the observables' per-substep sampling
-(``_update_observables``), the bookkeeping and LIBERO's object-state tracking (``_post_action``), and the
-observations.
+(``_update_observables``; when the observables share one clock, as they do in LIBERO, ``tick`` advances it once
+per substep and calls their updates only on the substeps where they sample or start a new period), the
+bookkeeping and LIBERO's object-state tracking (``_post_action``), and the observations.
 
 **Parity.** A step from the same state agrees with the stock step within 1e-13 (qpos, qvel), not bit for bit:
 ``mj_step1`` normalises free joints' quaternions before the position stage and ``mj_forward`` does not, so the
@@ -42,10 +43,13 @@ compute; no LIBERO observation, reward or success uses it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import mujoco
 import numpy as np
 from robosuite.controllers.osc import OperationalSpaceController
 from robosuite.utils.control_utils import nullspace_torques, opspace_matrices, orientation_error
+from robosuite.utils.observables import NO_DELAY, Observable
 
 
 def _forward_already_done() -> None:
@@ -129,6 +133,47 @@ class ArmTracker:
         data.ctrl[self.arm_actuators] = robot.torques
 
 
+class ObservableClock(NamedTuple):
+    """The sampling clock that robosuite's observables each keep, when they all keep the same one."""
+
+    elapsed: float  # seconds since the last sampling period began
+    sampled: bool  # sampled in this period yet
+    period: float  # the sampling timestep
+
+
+def shared_clock(observables: list[Observable]) -> ObservableClock | None:
+    """The clock of the enabled ``observables`` if they all keep the same one with no delay (robosuite's default:
+    one sampling rate, ``NO_DELAY``, all reset together), else None."""
+    if not observables:
+        return None
+    first = observables[0]
+    clock = ObservableClock(first._time_since_last_sample, first._sampled, first._sampling_timestep)
+    for observable in observables:
+        if (
+            observable._delayer is not NO_DELAY
+            or observable._time_since_last_sample != clock.elapsed
+            or observable._sampled != clock.sampled
+            or observable._sampling_timestep != clock.period
+        ):
+            return None
+    return clock
+
+
+def tick(observables: list[Observable], clock: ObservableClock, timestep: float, obs_cache: dict) -> ObservableClock:
+    """One substep of ``Observable.update`` for observables sharing ``clock``. On most substeps an update only adds
+    ``timestep`` to each observable's clock: that is done once, here, and written back at the end of the step. On a
+    substep where the clock makes them sample or start a new period, each runs its own ``update`` from the clock's
+    value, so the observations and the clock's arithmetic are robosuite's, operation for operation."""
+    elapsed = clock.elapsed + timestep
+    if (not clock.sampled and clock.period >= elapsed) or elapsed >= clock.period:
+        for observable in observables:
+            observable._time_since_last_sample = clock.elapsed
+            observable.update(timestep=timestep, obs_cache=obs_cache)
+        first = observables[0]
+        return ObservableClock(first._time_since_last_sample, first._sampled, clock.period)
+    return clock._replace(elapsed=elapsed)
+
+
 def fast_step(env, action: np.ndarray, tracker: ArmTracker | None = None) -> dict:
     """Advance robosuite env ``env`` (the task env inside LIBERO's ``ControlEnv``) by one control step with
     ``action`` (float64, the robots' action dimensions) and return its observations, as ``env.step`` would. The
@@ -140,6 +185,9 @@ def fast_step(env, action: np.ndarray, tracker: ArmTracker | None = None) -> dic
     model, data = sim.model._model, sim.data._data
     env.timestep += 1
     policy_step = True  # the first substep sets the controller's goal; the others only track it
+    observables = [observable for observable in env._observables.values() if observable._enabled]
+    clock = shared_clock(observables)
+    obs_cache, model_timestep = env._obs_cache, env.model_timestep
     sim.forward = _forward_already_done  # an instance attribute, removed below: the class's method returns
     try:
         for _ in range(int(env.control_timestep / env.model_timestep)):
@@ -153,10 +201,16 @@ def fast_step(env, action: np.ndarray, tracker: ArmTracker | None = None) -> dic
             else:
                 tracker(action)
             mujoco.mj_step2(model, data)
-            env._update_observables()
+            if clock is None:
+                env._update_observables()
+            else:
+                clock = tick(observables, clock, model_timestep, obs_cache)
             policy_step = False
     finally:
         del sim.forward
+    if clock is not None:
+        for observable in observables:
+            observable._time_since_last_sample = clock.elapsed
     env.cur_time += env.control_timestep  # at once, as the stock step does, to avoid accumulating rounding
     env._post_action(action)
     return env._get_observations()

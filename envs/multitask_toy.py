@@ -20,6 +20,7 @@ EPISODE_STEPS = 8
 
 class MultiTaskToyEnv(gym.Env):
     num_tasks = NUM_TASKS
+    max_episode_steps = EPISODE_STEPS
     task_names = [f"toy_task_{t}" for t in range(NUM_TASKS)]
 
     def __init__(self):

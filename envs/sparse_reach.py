@@ -55,3 +55,36 @@ class SparseReachEnv(gym.Env):
 
 def make_sparse_reach(ctx: EnvContext) -> gym.Env:
     return SparseReachEnv(ctx.max_episode_steps or EPISODE_STEPS)
+
+
+REACH_TASKS = 8
+REACH_INIT_STATES = 10
+START_RADIUS = 0.1
+
+
+class MultiTaskReachEnv(SparseReachEnv):
+    """``multitask_reach``: sparse_reach as a multi-task env with init states, the shape of a LIBERO suite.
+
+    Task ``k`` puts the goal at angle ``2 pi k / 8`` (distance 0.5); init state ``i`` starts the point at
+    distance 0.1 from the origin, at angle ``2 pi i / 10``. Nothing else is random: the G episodes of a (task, init
+    state) group differ only by the policy's draws, which is what critic-free group advantages compare. A random
+    policy succeeds about 17% of the time."""
+
+    num_tasks = REACH_TASKS
+    task_names = [f"reach_{45 * k}deg" for k in range(REACH_TASKS)]
+
+    def num_init_states(self, task: int) -> int:
+        return REACH_INIT_STATES
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        options = options or {}
+        task, init_state = int(options.get("task", 0)), int(options.get("init_state", 0))
+        goal_angle, start_angle = 2 * np.pi * task / REACH_TASKS, 2 * np.pi * init_state / REACH_INIT_STATES
+        self.goal = GOAL_DISTANCE * np.array([np.cos(goal_angle), np.sin(goal_angle)])
+        self.position = START_RADIUS * np.array([np.cos(start_angle), np.sin(start_angle)])
+        return self._obs(), {"task": task, "init_state": init_state}
+
+
+def make_multitask_reach(ctx: EnvContext) -> gym.Env:
+    return MultiTaskReachEnv(ctx.max_episode_steps or EPISODE_STEPS)

@@ -9,7 +9,9 @@ next buffer):
     values, versions    [num_buffers, T+1, ...]      written by the inference worker
     rewards, terminated,
     truncated,
-    truncation_values   [num_buffers, T+1]           written by the rollout worker
+    truncation_values,
+    episode_positions,
+    outcomes            [num_buffers, T+1]           written by the rollout worker
 
 Split state, one row per (worker, split), tells the inference worker where a split's current step lives:
 
@@ -35,6 +37,8 @@ from sfengine.spaces import ActionSpec, ObsSpec
 
 # Written by the inference worker at [buffer, t]; everything else in a trajectory is written by the rollout worker.
 POLICY_FIELDS = ("actions", "log_probs", "values", "versions")
+# What entry T of a rollout hands to entry 0 of the next: the observation, its policy output, and its episode.
+CARRIED_FIELDS = (*POLICY_FIELDS, "episode_positions")
 NO_ENV = -1  # SplitState.stepping_env when no env of the split is inside step or reset
 
 
@@ -55,6 +59,11 @@ class TrajectoryBuffers:
     terminated: Tensor
     truncated: Tensor
     truncation_values: Tensor
+    # Group advantages (rloo, grpo): the task-sequence position of the episode each step belongs to (group =
+    # position // G, member = position % G; -1 without groups), and at an episode's last step its outcome (NaN:
+    # the episode was dropped, as when its env failed).
+    episode_positions: Tensor
+    outcomes: Tensor
 
     @classmethod
     def allocate(
@@ -72,6 +81,8 @@ class TrajectoryBuffers:
             terminated=alloc(steps, torch.bool),
             truncated=alloc(steps, torch.bool),
             truncation_values=alloc(steps, torch.float32),
+            episode_positions=alloc(steps, torch.int64),
+            outcomes=alloc(steps, torch.float32),
         )
 
     def tensors(self) -> dict[str, Tensor]:
@@ -161,11 +172,23 @@ def buffers_per_worker(cfg: Config) -> int:
     Each env fills one buffer at a time. A training batch needs ``trajectories_per_training_batch`` of them; the
     batcher frees them as soon as it has copied them, and one batch is collected while the previous one trains.
     So each worker holds its envs' current buffers plus its share of two training batches.
+
+    With group advantages a buffer also waits for every group it holds steps of to complete and be batched. An env
+    then holds the buffers of its episodes from their start until their groups end (about two episodes; more when
+    a group has more members than the run has envs, as some env plays several of them), plus its share of the
+    complete groups waiting for a batch (under a batch and one group of steps; twice that for slack).
     """
     s = cfg.sampler
     total_envs = s.num_workers * s.num_envs_per_worker
     rounds_per_batch = -(-cfg.trajectories_per_training_batch // total_envs)  # ceil
-    return s.num_envs_per_worker * (1 + 2 * rounds_per_batch)
+    if not cfg.advantage.critic_free:
+        return s.num_envs_per_worker * (1 + 2 * rounds_per_batch)
+    episode_steps = cfg.env.max_episode_steps or s.rollout
+    buffers_per_episode = -(-episode_steps // s.rollout) + 1
+    members_per_env = -(-cfg.env.task_group_size // total_envs)
+    waiting_steps = 2 * (cfg.samples_per_training_batch + cfg.env.task_group_size * episode_steps)
+    waiting = -(-waiting_steps // (total_envs * s.rollout))
+    return s.num_envs_per_worker * ((members_per_env + 1) * buffers_per_episode + waiting + 1)
 
 
 @dataclass

@@ -21,6 +21,11 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from sfengine.algo.group_advantages import GROUP_ADVANTAGES
+from sfengine.algo.surrogates import SURROGATES, SurrogateParams
+
+PUBLISHED = SurrogateParams()  # the clip modes' published parameters
+
 
 class ConfigError(ValueError):
     """A user-caused configuration problem. The message is one line that names the fix."""
@@ -96,11 +101,70 @@ class LearnerConfig:
         "multiply rewards by this before learning (stats keep the raw reward); rarely needed with --normalize_returns",
     )
     reward_clip: float = option(0.0, "clip scaled rewards to [-x, x] (0: off)")
-    with_vtrace: bool = option(False, "correct policy lag with V-trace instead of GAE")
     vtrace_rho: float = option(1.0, "V-trace importance-weight clip for the value targets")
     vtrace_c: float = option(1.0, "V-trace trace-cutting clip")
     learner_threads: int = option(1, "torch CPU threads in the learner process (rollout and inference use 1)")
     device: str = option("cpu", "device of the learner and inference workers", ("cpu", "cuda"))
+
+
+@dataclass
+class AdvantageConfig:
+    """How each step's advantage is estimated: with a critic (gae, vtrace) or, critic-free, from the outcomes of a
+    group of episodes of one (task, init state) (``sfengine.algo.group_advantages``)."""
+
+    advantage: str = option(
+        "gae",
+        "gae (with a critic), vtrace (with a critic, corrects policy lag), rloo or grpo (no critic: each episode "
+        "against the other --task_group_size - 1 episodes of its (task, init state)), or a name given to "
+        "register_group_advantage",
+    )
+    group_outcome: str = option(
+        "return", "rloo/grpo: an episode's outcome is its return, or its success (0/1)", ("return", "success")
+    )
+    dynamic_sampling: bool = option(
+        False, "rloo/grpo: drop groups whose outcomes are all equal (they carry no signal); counted and reported"
+    )
+
+    @property
+    def critic_free(self) -> bool:
+        return self.advantage not in CRITIC_ADVANTAGES
+
+
+CRITIC_ADVANTAGES = ("gae", "vtrace")
+
+
+@dataclass
+class PolicyLossConfig:
+    """The policy surrogate (``sfengine.algo.surrogates``): how the ratio r = pi / pi_old and the advantage make the
+    policy loss. Defaults of the modes' parameters are the published ones."""
+
+    clip_mode: str = option(
+        "ppo_clip",
+        "policy surrogate: ppo_clip (PPO's clipped ratio, eps = --ppo_clip_ratio), soft_clip (no cut, extreme ratios "
+        "damped), sapo (sigmoid gate), ce_gppo (PPO's clip, but clipped samples keep a scaled gradient), cispo "
+        "(clipped, detached ratio times log pi), or a name given to register_surrogate",
+    )
+    soft_clip_alpha: float = option(
+        PUBLISHED.soft_clip_alpha, "soft_clip: the damping coefficient is (1 / max(r, 1/r))^alpha"
+    )
+    sapo_tau_pos: float = option(PUBLISHED.sapo_tau_pos, "sapo: gate temperature for A > 0 (the SAPO paper's default)")
+    sapo_tau_neg: float = option(PUBLISHED.sapo_tau_neg, "sapo: gate temperature for A < 0 (the SAPO paper's default)")
+    ce_gppo_beta_low: float = option(
+        PUBLISHED.ce_gppo_beta_low,
+        "ce_gppo: gradient scale of samples clipped below 1 - eps with A < 0 (CE-GPPO authors' default)",
+    )
+    ce_gppo_beta_high: float = option(
+        PUBLISHED.ce_gppo_beta_high,
+        "ce_gppo: gradient scale of samples clipped above 1 + eps with A > 0 (CE-GPPO authors' default)",
+    )
+    cispo_eps_low: float = option(
+        PUBLISHED.cispo_eps_low,
+        "cispo: the weight is clipped below at 1 - eps_low (1: no lower bound, as in MiniMax-M1's CISPO)",
+    )
+    cispo_eps_high: float = option(
+        PUBLISHED.cispo_eps_high,
+        "cispo: the weight is clipped above at 1 + eps_high (0.28, the default of Trinity-RFT's CISPO)",
+    )
 
 
 @dataclass
@@ -175,6 +239,8 @@ GROUPS: dict[str, type] = {
     "env": EnvConfig,
     "sampler": SamplerConfig,
     "learner": LearnerConfig,
+    "advantage": AdvantageConfig,
+    "policy_loss": PolicyLossConfig,
     "model": ModelConfig,
     "run": RunConfig,
     "eval": EvalConfig,
@@ -223,6 +289,8 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -512,6 +580,8 @@ def validate(cfg: Config) -> None:
     for name in ("ppo_clip_value", "max_grad_norm", "reward_clip", "entropy_coeff", "value_loss_coeff"):
         if getattr(lrn, name) < 0:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must not be negative")
+    _validate_policy_loss(cfg.policy_loss)
+    _validate_advantage(cfg)
     if any(width < 1 for width in cfg.model.hidden_sizes) or not cfg.model.hidden_sizes:
         raise ConfigError(f"--hidden_sizes={cfg.model.hidden_sizes}: give positive layer widths, e.g. 64,64")
     if run.train_for_env_steps < 1:
@@ -539,6 +609,62 @@ def validate(cfg: Config) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError("--device=cuda but torch sees no CUDA device; use --device=cpu")
+
+
+def _validate_advantage(cfg: Config) -> None:
+    advantage = cfg.advantage.advantage
+    if advantage not in (*CRITIC_ADVANTAGES, *GROUP_ADVANTAGES):
+        raise ConfigError(
+            f"--advantage={advantage!r} is not one of {', '.join([*CRITIC_ADVANTAGES, *GROUP_ADVANTAGES])}; register a "
+            "new one with sfengine.algo.register_group_advantage"
+        )
+    if cfg.advantage.critic_free and not cfg.sampler.async_rl:
+        raise ConfigError(
+            f"--advantage={advantage} trains on whole groups, which end at their own times, not on each worker's "
+            "share of rollouts: use --async_rl=true (each step keeps the version that acted; the clip applies to it)"
+        )
+    if cfg.advantage.critic_free and cfg.env.task_group_size < 2:
+        raise ConfigError(
+            f"--advantage={advantage} compares the episodes of a group with each other, and --task_group_size="
+            f"{cfg.env.task_group_size} makes groups of one: use --task_group_size=2 or more (e.g. 8)"
+        )
+
+
+def check_group_layout(cfg: Config) -> None:
+    """Critic-free advantages: a training batch holds whole groups, so one group of episodes at their step limit
+    (``--max_episode_steps``, filled in from the env when 0) must fit in it. Checked once the env is known."""
+    if not cfg.advantage.critic_free:
+        return
+    size, limit, samples = cfg.env.task_group_size, cfg.env.max_episode_steps, cfg.samples_per_training_batch
+    advantage = f"--advantage={cfg.advantage.advantage}"
+    if limit < 1:
+        raise ConfigError(
+            f"{advantage} batches whole groups of episodes, and --env={cfg.env.env} declares no step limit: set "
+            "--max_episode_steps"
+        )
+    if size * limit > samples:
+        needed = -(-size * limit // cfg.learner.batch_size)
+        raise ConfigError(
+            f"{advantage}: a group of --task_group_size={size} episodes of up to {limit} steps ({size * limit} "
+            f"samples) does not fit a training batch of --batch_size x --num_batches_per_epoch = {samples}: use "
+            f"--num_batches_per_epoch={needed} or more, or a smaller --task_group_size or --max_episode_steps"
+        )
+
+
+def _validate_policy_loss(policy: PolicyLossConfig) -> None:
+    if policy.clip_mode not in SURROGATES:
+        raise ConfigError(
+            f"--clip_mode={policy.clip_mode!r} is not one of {', '.join(SURROGATES)}; register a new one with "
+            "sfengine.algo.register_surrogate"
+        )
+    for name in ("soft_clip_alpha", "ce_gppo_beta_low", "ce_gppo_beta_high", "cispo_eps_high"):
+        if getattr(policy, name) < 0:
+            raise ConfigError(f"--{name}={getattr(policy, name)} must not be negative")
+    for name in ("sapo_tau_pos", "sapo_tau_neg"):
+        if getattr(policy, name) <= 0:
+            raise ConfigError(f"--{name}={getattr(policy, name)} must be positive")
+    if not 0 <= policy.cispo_eps_low <= 1:
+        raise ConfigError(f"--cispo_eps_low={policy.cispo_eps_low} must be in [0, 1] (1: no lower bound)")
 
 
 def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> Config:
@@ -590,9 +716,12 @@ def _layered(layers: list[tuple[dict[str, Any], str]]) -> Config:
 def load_saved_config(path: Path) -> dict[str, Any]:
     try:
         nested = json.loads(path.read_text())
-        return {name: value for group in nested.values() for name, value in group.items()}
+        flat = {name: value for group in nested.values() for name, value in group.items()}
     except (json.JSONDecodeError, AttributeError) as exc:
         raise ConfigError(f"{path} is corrupt ({exc}); fix it or use --restart_behavior=restart") from None
+    if "with_vtrace" in flat:  # written before --advantage existed
+        flat["advantage"] = "vtrace" if flat.pop("with_vtrace") else "gae"
+    return flat
 
 
 def save_config(cfg: Config, path: Path) -> None:

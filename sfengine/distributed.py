@@ -56,6 +56,7 @@ class RankBatch:
     task_sequence: dict  # this rank's task sequence state, for the checkpoint
     parameter_checksum: float  # to check that every rank holds the same weights
     episodes: list[EpisodeStats] = field(default_factory=list)  # finished since the last exchange
+    trainable: bool = True  # False: an empty group batch (only dropped groups' steps); no rank updates this round
 
 
 class LearnerGroup:

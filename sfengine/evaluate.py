@@ -89,7 +89,7 @@ def resolve_checkpoint(cfg: Config) -> Path:
 
 def load_policy(cfg: Config, path: Path, obs_spec, action_spec) -> tuple[ActorCritic, dict]:
     state = load_checkpoint(path)
-    model = ActorCritic(obs_spec, action_spec, cfg.model)
+    model = ActorCritic.for_config(cfg, obs_spec, action_spec)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:

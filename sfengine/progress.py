@@ -19,7 +19,12 @@ from sfengine.config import Config
 
 def start_block(cfg: Config, resumed_env_steps: int = 0, world_size: int = 1) -> str:
     s, lrn, run = cfg.sampler, cfg.learner, cfg.run
-    advantages = "V-trace" if lrn.with_vtrace else "GAE"
+    advantage = cfg.advantage.advantage
+    advantages = {"gae": "GAE", "vtrace": "V-trace"}.get(advantage, f"{advantage.upper()}, no critic")
+    if cfg.advantage.critic_free:
+        advantages += f", groups of {cfg.env.task_group_size}"
+    if cfg.policy_loss.clip_mode != "ppo_clip":
+        advantages += f", {cfg.policy_loss.clip_mode}"
     mode = (
         "serial mode (one process)"
         if s.serial_mode

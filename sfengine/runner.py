@@ -27,12 +27,14 @@ from sfengine.buffers import SharedBuffers, SharedWeights
 from sfengine.config import Config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory
+from sfengine.evaluation.episode_queue import SINGLE_TASK
 from sfengine.evaluation.report import EvalReport
 from sfengine.evaluation.training_evaluator import TrainingEvaluator
 from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
 from sfengine.hang_watch import HangWatch
 from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
 from sfengine.learning.batcher import Batcher, buffers_released_signal
+from sfengine.learning.group_batcher import GroupBatcher
 from sfengine.learning.learner_worker import LearnerWorker
 from sfengine.messages import EvalResult, EvaluatorReport, InferenceReport, LearnerReport, WorkerReport
 from sfengine.models.actor_critic import ActorCritic
@@ -41,7 +43,7 @@ from sfengine.progress import end_summary, progress
 from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine.spaces import ActionSpec, ObsSpec
 from sfengine.stats import FPS_WINDOWS, RunStats
-from sfengine.task_sequence import SharedTaskSequence
+from sfengine.task_sequence import GROUP_SEEDS_PER_RANK, SharedTaskSequence
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,21 @@ def connect_components(runner: Runner, c: Components, num_inference_workers: int
     for component in components:
         component.event_loop.start.connect(component.on_start)
         runner.stop.connect(component.on_stop)
+
+
+def learner_line(clip_mode: str, learner: dict[str, float]) -> str:
+    """The policy update's diagnostics for the status line: ``ppo_clip kl 0.0041 clipped 0.06 dead-grad 0.06
+    ess 0.98 ratio 0.71-1.38``."""
+    line = (
+        f"{clip_mode} kl {learner['approx_kl']:.4f} clipped {learner['clip_fraction']:.2f} "
+        f"dead-grad {learner['dead_grad_fraction']:.2f} ess {learner['ess']:.2f} "
+        f"ratio {learner['ratio_min']:.2f}-{learner['ratio_max']:.2f}"
+    )
+    if "sapo_saturated_fraction" in learner:
+        line += f" saturated {learner['sapo_saturated_fraction']:.2f}"
+    if "groups_dropped_fraction" in learner:
+        line += f"  groups dropped {learner['groups_dropped_fraction']:.2f}"
+    return line
 
 
 class Runner(Component):
@@ -276,6 +293,8 @@ class Runner(Component):
         print(line, flush=True)
         if stats.task_successes:
             print(f"           success per task: {stats.per_task_success_line()}", flush=True)
+        if "approx_kl" in learner:
+            print(f"           learner: {learner_line(self.cfg.policy_loss.clip_mode, learner)}", flush=True)
         if self.writer is None:
             return
         step = stats.env_steps
@@ -390,7 +409,18 @@ def build_components(
     ]
     learner_loop = loop_for("learner")
     batcher_loop = runner_loop if cfg.sampler.serial_mode else EngineEventLoop("batcher_evt_loop")
-    batcher = Batcher(batcher_loop, buffers, cfg.trajectories_per_training_batch)
+    if cfg.advantage.critic_free:
+        batcher = GroupBatcher(
+            batcher_loop,
+            buffers,
+            cfg.sampler.rollout,
+            cfg.env.task_group_size,
+            cfg.samples_per_training_batch,
+            cfg.advantage.dynamic_sampling,
+            first_position=int(task_sequence.position[0]),
+        )
+    else:
+        batcher = Batcher(batcher_loop, buffers, cfg.trajectories_per_training_batch)
     learner = LearnerWorker(
         learner_loop, cfg, buffers, weights, obs_spec, action_spec, batcher, resume_state, task_sequence
     )
@@ -418,7 +448,9 @@ def run(
     weights = SharedWeights.allocate(model)
     weights.publish(model, initial_version)
 
-    task_sequence = build_task_sequence(cfg, tasks, resume_state) if tasks is not None else None
+    task_sequence = None
+    if tasks is not None or cfg.advantage.critic_free:
+        task_sequence = build_task_sequence(cfg, tasks, resume_state)
 
     runner_loop = EngineEventLoop("runner_evt_loop", serial_mode=cfg.sampler.serial_mode)
     task_names = tasks.task_names if tasks else None
@@ -449,12 +481,16 @@ def run(
     return runner.exit_code
 
 
-def build_task_sequence(cfg: Config, tasks: TaskInfo, resume_state: dict | None) -> SharedTaskSequence:
-    """This rank's one assignment sequence over its shard of (task, init state) pairs, resumed if saved."""
+def build_task_sequence(cfg: Config, tasks: TaskInfo | None, resume_state: dict | None) -> SharedTaskSequence:
+    """This rank's one assignment sequence over its shard of (task, init state) pairs, resumed if saved. A
+    single-task env gets one too when its episodes form groups: its "init states" are the rank's group seeds."""
     ranks = RankInfo.from_environment()
-    schedule = TaskSchedule(
-        shard_pairs(tasks.init_states_per_task, ranks.rank, ranks.world_size), cfg.env.task_group_size
-    )
+    if tasks is None:
+        first = ranks.rank * GROUP_SEEDS_PER_RANK
+        shard = {SINGLE_TASK: list(range(first, first + GROUP_SEEDS_PER_RANK))}
+    else:
+        shard = shard_pairs(tasks.init_states_per_task, ranks.rank, ranks.world_size)
+    schedule = TaskSchedule(shard, cfg.env.task_group_size)
     sequence = SharedTaskSequence.allocate(
         schedule,
         curriculum=cfg.env.task_sampling == "curriculum",

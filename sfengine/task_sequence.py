@@ -29,6 +29,15 @@ from sfengine.process_lock import ProcessLock
 from sfengine.scheduler import Assignment, TaskSchedule, curriculum_weights
 
 NO_OUTCOME = -1  # an empty slot of the recent-outcomes window
+# Single-task envs with group advantages: the sequence deals seeds as "init states"; a group's G episodes reset
+# with the same one. Offset far above the evaluation's seeds 0..N-1, so training never replays them.
+GROUP_SEEDS_PER_RANK = 10_000
+GROUP_SEED_OFFSET = 1_000_000_000
+
+
+def single_task_group_seed(base_seed: int, init_state: int) -> int:
+    """The reset seed of a single-task group's episodes; ``init_state`` counts groups on all ranks."""
+    return GROUP_SEED_OFFSET + base_seed * 1_000_003 * GROUP_SEEDS_PER_RANK + init_state
 
 
 @dataclass
@@ -58,24 +67,33 @@ class SharedTaskSequence:
         return sequence
 
     def next(self) -> Assignment:
+        return self.next_with_position()[0]
+
+    def next_with_position(self) -> tuple[Assignment, int]:
+        """The next assignment and its position in the sequence: positions ``g*G .. g*G + G - 1`` are group ``g``,
+        G episodes of one (task, init state)."""
         with self.lock:
             position = int(self.position[0])
             self.position[0] = position + 1
-            if not self.curriculum:
-                return self.schedule.at(position)
-            if position % self.schedule.group_size:
-                return Assignment(int(self.last[0]), int(self.last[1]))
-            recent_failures = (self.outcomes == 1).sum(dim=1).tolist()
-            # Seeded by the position: the same state draws the same task, in any process.
-            index = random.Random(self.seed * 1_000_003 + position).choices(
-                range(len(recent_failures)), weights=curriculum_weights(recent_failures)
-            )[0]
-            task = self.schedule.tasks[index]
-            states = self.schedule.shard[task]
-            assignment = Assignment(task, states[int(self.init_cursors[index]) % len(states)])
-            self.init_cursors[index] += 1
-            self.last[0], self.last[1] = assignment
-            return assignment
+            return self._assignment_at(position), position
+
+    def _assignment_at(self, position: int) -> Assignment:
+        """The assignment at ``position``; called under the lock."""
+        if not self.curriculum:
+            return self.schedule.at(position)
+        if position % self.schedule.group_size:
+            return Assignment(int(self.last[0]), int(self.last[1]))
+        recent_failures = (self.outcomes == 1).sum(dim=1).tolist()
+        # Seeded by the position: the same state draws the same task, in any process.
+        index = random.Random(self.seed * 1_000_003 + position).choices(
+            range(len(recent_failures)), weights=curriculum_weights(recent_failures)
+        )[0]
+        task = self.schedule.tasks[index]
+        states = self.schedule.shard[task]
+        assignment = Assignment(task, states[int(self.init_cursors[index]) % len(states)])
+        self.init_cursors[index] += 1
+        self.last[0], self.last[1] = assignment
+        return assignment
 
     def record(self, task: int, success: bool) -> None:
         """An episode of ``task`` ended: its outcome enters the task's window (curriculum only)."""

@@ -14,7 +14,7 @@ import time
 import torch
 
 from sfengine.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
-from sfengine.config import Config, ConfigError, env_defaults_preset, parse_config, save_config
+from sfengine.config import Config, ConfigError, check_group_layout, env_defaults_preset, parse_config, save_config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.event_loop import configure_logging
@@ -52,6 +52,9 @@ def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, Ta
         env = factory(env_context(cfg, -1, 0, cfg.env.seed))
     except Exception as exc:  # noqa: BLE001  (any failure here is a failure to build the user's env)
         raise ConfigError(f"env '{cfg.env.env}' could not be created: {type(exc).__name__}: {exc}") from None
+    if cfg.advantage.critic_free and not cfg.env.max_episode_steps:
+        # Groups are batched whole, so their size in samples must be known: take the env's own step limit.
+        cfg.env.max_episode_steps = episode_step_limit(env)
     try:
         return obs_spec_from_space(env.observation_space), action_spec_from_space(env.action_space), task_info(env)
     except UnsupportedSpaceError as exc:
@@ -60,9 +63,17 @@ def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, Ta
         env.close()
 
 
+def episode_step_limit(env) -> int:
+    """The env's step limit: gymnasium's registered one, or a ``max_episode_steps`` attribute; 0 if it has none."""
+    spec = getattr(env, "spec", None)
+    if spec is not None and spec.max_episode_steps:
+        return int(spec.max_episode_steps)
+    return int(getattr(env.unwrapped, "max_episode_steps", 0) or 0)
+
+
 def build_model(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, resume_state: dict | None) -> ActorCritic:
     torch.manual_seed(cfg.env.seed)
-    model = ActorCritic(obs_spec, action_spec, cfg.model)
+    model = ActorCritic.for_config(cfg, obs_spec, action_spec)
     if resume_state is not None:
         try:
             model.load_state_dict(resume_state["model"])
@@ -101,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks, Machine.here(ranks.local_world_size))
         if sizing:
             print(sizing, flush=True)
+        check_group_layout(cfg)
         if warning := inference_dtype_warning(cfg, obs_spec):
             print(f"warning: {warning}", flush=True)
         if tasks is not None and ranks.world_size > sum(tasks.init_states_per_task):

@@ -49,6 +49,13 @@ def test_shipped_preset_found_by_name(tmp_path):
             "--async_rl=False needs batch_size x num_batches_per_epoch (2048) to be a multiple of num_workers x "
             "num_envs_per_worker x rollout (384)",
         ),
+        # Algorithms: registered names only, and group advantages need groups.
+        (["--clip_mode=ppo"], "--clip_mode='ppo' is not one of ppo_clip, soft_clip, sapo, ce_gppo, cispo"),
+        (["--advantage=reinforce"], "--advantage='reinforce' is not one of gae, vtrace, rloo, grpo"),
+        (["--advantage=rloo"], "--task_group_size=1 makes groups of one: use --task_group_size=2 or more"),
+        (["--advantage=grpo", "--task_group_size=4", "--async_rl=false"], "use --async_rl=true"),
+        (["--sapo_tau_neg=0"], "--sapo_tau_neg=0.0 must be positive"),
+        (["--cispo_eps_low=1.5"], "--cispo_eps_low=1.5 must be in [0, 1]"),
     ],
 )
 def test_invalid_values_raise_one_line_errors(tmp_path, args, message):
@@ -70,6 +77,11 @@ def test_synchronous_mode_accepts_a_batch_that_every_env_fills_equally(tmp_path)
         (["--num_envs_per_worker=5", "--worker_num_splits=2"], "is not divisible by --worker_num_splits=2"),
         (["--train_for_env_steps=-5"], "--train_for_env_steps=-5 must be at least 1"),
         (["--no_such_option=1"], "invalid command line"),
+        (
+            ["--env=multitask_reach", "--advantage=rloo", "--task_group_size=64"],
+            "a group of --task_group_size=64 episodes of up to 40 steps (2560 samples) does not fit a training "
+            "batch of --batch_size x --num_batches_per_epoch = 2048: use --num_batches_per_epoch=3 or more",
+        ),
     ],
 )
 def test_cli_bad_input_exits_2_with_a_clear_message(train_dir, args, expected):
@@ -118,6 +130,15 @@ def test_a_config_saved_when_every_env_option_was_in_the_env_group_still_resumes
     (tmp_path / "default_experiment" / "config.json").write_text(json.dumps(old))
     cfg = parse_config([f"--train_dir={tmp_path}"])
     assert cfg.env.env == "synthetic" and cfg.own_env_options.synthetic_step_ms == 3.0
+
+
+def test_a_config_saved_before_the_advantage_option_resumes_with_the_same_estimator(tmp_path):
+    old = Config().to_dict()
+    del old["advantage"]
+    old["learner"]["with_vtrace"] = True
+    (tmp_path / "default_experiment").mkdir()
+    (tmp_path / "default_experiment" / "config.json").write_text(json.dumps(old))
+    assert parse_config([f"--train_dir={tmp_path}"]).advantage.advantage == "vtrace"
 
 
 def test_env_options_that_clash_with_existing_ones_are_refused_at_registration():

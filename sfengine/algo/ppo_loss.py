@@ -1,4 +1,5 @@
-"""The clipped PPO objective (Schulman et al. 2017) and two small statistics that go with it.
+"""The PPO objective (Schulman et al. 2017) with a choice of policy surrogates, and two small statistics that go
+with it.
 
 All inputs are flat [N] tensors: one entry per sampled (observation, action) pair of a minibatch, however the
 caller's [B, T] batch was flattened.
@@ -11,30 +12,34 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from sfengine.algo.surrogates import SurrogateParams, policy_surrogate, ratio_diagnostics
+
 
 class PPOLoss(NamedTuple):
-    """Scalar tensors. Only ``loss`` is meant for ``backward()``; the rest are for logging."""
+    """Scalar tensors. Only ``loss`` is meant for ``backward()``; the rest, and ``diagnostics`` (the ratio's
+    statistics, :func:`ratio_diagnostics`), are for logging."""
 
     loss: Tensor
     policy_loss: Tensor
     value_loss: Tensor
     entropy: Tensor
-    approx_kl: Tensor
-    clip_fraction: Tensor
+    diagnostics: dict[str, float]
 
 
 def ppo_loss(
     log_probs: Tensor,
     old_log_probs: Tensor,
     advantages: Tensor,
-    values: Tensor,
-    old_values: Tensor,
-    value_targets: Tensor,
+    values: Tensor | None,
+    old_values: Tensor | None,
+    value_targets: Tensor | None,
     entropy: Tensor,
     clip_ratio: float,
     value_clip: float | None,
     value_loss_coeff: float,
     entropy_coeff: float,
+    clip_mode: str = "ppo_clip",
+    surrogate_params: SurrogateParams | None = None,
 ) -> PPOLoss:
     """Combined actor-critic loss ``policy_loss + value_loss_coeff * value_loss - entropy_coeff * entropy``.
 
@@ -42,41 +47,54 @@ def ppo_loss(
         log_probs: [N] log-probability of the taken actions under the current policy (with grad).
         old_log_probs: [N] the same under the policy that collected the data.
         advantages: [N] advantage estimates (usually normalized).
-        values: [N] current critic predictions (with grad).
+        values: [N] current critic predictions (with grad); None without a critic (group advantages), and then
+            ``old_values`` and ``value_targets`` are None too and the value loss is 0.
         old_values: [N] critic predictions at collection time; anchor of the value clipping.
         value_targets: [N] regression targets (GAE returns or V-trace ``vs``).
         entropy: [N] entropy of the current action distribution at each observation.
         clip_ratio: the policy ratio is trusted within ``[1 - clip_ratio, 1 + clip_ratio]``.
         value_clip: max distance of the value prediction from ``old_values``; ``None`` disables value clipping.
         value_loss_coeff, entropy_coeff: weights of the value loss and of the entropy bonus.
+        clip_mode: the policy surrogate (``sfengine.algo.surrogates``); ``surrogate_params`` its parameters
+            (default: the published ones, with ``clip_ratio``).
     """
+    params = (surrogate_params or SurrogateParams())._replace(clip_ratio=clip_ratio)
     log_ratio = log_probs - old_log_probs
     ratio = torch.exp(log_ratio)
-    # Pessimistic bound: once the ratio has moved past the clip range in the direction that helps, the clipped
-    # term is the minimum and is constant, so that sample stops pushing the policy further.
-    unclipped_objective = ratio * advantages
-    clipped_objective = torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio) * advantages
-    policy_loss = -torch.min(unclipped_objective, clipped_objective).mean()
+    surrogate = policy_surrogate(clip_mode, ratio, advantages, log_probs, params)
+    policy_loss = surrogate.loss.mean()
 
-    squared_errors = (values - value_targets) ** 2
-    if value_clip is None:
-        value_loss = 0.5 * squared_errors.mean()
+    if values is None:
+        value_loss = torch.zeros((), device=log_probs.device)
     else:
-        # Same pessimism for the critic: the larger error wins, so moving far from old_values earns nothing.
-        clipped_values = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
-        clipped_squared_errors = (clipped_values - value_targets) ** 2
-        value_loss = 0.5 * torch.max(squared_errors, clipped_squared_errors).mean()
+        squared_errors = (values - value_targets) ** 2
+        if value_clip is None:
+            value_loss = 0.5 * squared_errors.mean()
+        else:
+            # Same pessimism for the critic: the larger error wins, so moving far from old_values earns nothing.
+            clipped_values = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
+            clipped_squared_errors = (clipped_values - value_targets) ** 2
+            value_loss = 0.5 * torch.max(squared_errors, clipped_squared_errors).mean()
 
     mean_entropy = entropy.mean()
     # The entropy is a bonus: subtracting it means minimizing the loss keeps the policy exploratory.
     loss = policy_loss + value_loss_coeff * value_loss - entropy_coeff * mean_entropy
+    sample_grads = per_sample_gradients(clip_mode, log_probs, old_log_probs, advantages, params)
+    diagnostics = ratio_diagnostics(ratio.detach(), log_ratio.detach(), surrogate, sample_grads)
+    return PPOLoss(loss, policy_loss, value_loss, mean_entropy, diagnostics)
 
-    with torch.no_grad():
-        # (r - 1) - log r is a non-negative, low-variance estimator of KL(old || new).
-        approx_kl = ((ratio - 1.0) - log_ratio).mean()
-        clip_fraction = ((ratio - 1.0).abs() > clip_ratio).float().mean()
 
-    return PPOLoss(loss, policy_loss, value_loss, mean_entropy, approx_kl, clip_fraction)
+def per_sample_gradients(
+    clip_mode: str, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, params: SurrogateParams
+) -> Tensor:
+    """[N] each sample's gradient of its own surrogate loss with respect to its log-prob: exactly 0 where the
+    surrogate cuts the sample off. Computed on a detached copy (the surrogate is elementwise, so this costs N
+    operations, not a pass through the network)."""
+    with torch.enable_grad():
+        leaf = log_probs.detach().requires_grad_()
+        loss = policy_surrogate(clip_mode, torch.exp(leaf - old_log_probs.detach()), advantages.detach(), leaf, params)
+        (grads,) = torch.autograd.grad(loss.loss.sum(), leaf)
+    return grads
 
 
 def normalize_advantages(advantages: Tensor, eps: float = 1e-8) -> Tensor:

@@ -63,7 +63,7 @@ class TrainingEvaluator(Component):
     def on_start(self) -> None:
         torch.set_num_threads(1)
         cfg = self.cfg
-        self.model = ActorCritic(self.obs_spec, self.action_spec, cfg.model).eval()
+        self.model = ActorCritic.for_config(cfg, self.obs_spec, self.action_spec).eval()
         num_envs = cfg.envs_per_split
         # Seeds apart from every rollout worker's (single-task episodes reset with their own seed anyway).
         self.contexts = [env_context(cfg, -1, i, cfg.env.seed * 1_000_003 - 1 - i) for i in range(num_envs)]

@@ -52,7 +52,7 @@ class InferenceWorker(Component):
     def on_start(self) -> None:
         torch.set_num_threads(1)
         self.device = torch.device(self.cfg.learner.device)
-        self.model = ActorCritic(self.obs_spec, self.action_spec, self.cfg.model).to(self.device)
+        self.model = ActorCritic.for_config(self.cfg, self.obs_spec, self.action_spec).to(self.device)
         self.model.for_inference(getattr(torch, self.cfg.sampler.inference_dtype)).eval()
         self.version = self.weights.pull(self.model)
         self.splits_per_worker = self.cfg.sampler.worker_num_splits

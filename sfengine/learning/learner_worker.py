@@ -23,6 +23,7 @@ from sfengine.config import Config
 from sfengine.distributed import LearnerGroup, RankBatch, RankInfo, parameter_checksum
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.learning.batcher import Batcher
+from sfengine.learning.group_batcher import GroupBatch, GroupBatcher
 from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.messages import EpisodeStats, LearnerReport
 from sfengine.models.actor_critic import ActorCritic
@@ -34,6 +35,18 @@ log = logging.getLogger(__name__)
 NUM_BATCH_SLOTS = 2
 
 
+def group_stats(batch: GroupBatch) -> dict[str, float]:
+    """How many groups were dropped since the last batch, and why (``--dynamic_sampling``: uniform outcomes)."""
+    dropped = sum(batch.dropped_groups.values())
+    stats = {
+        "groups_trained": float(batch.num_groups),
+        "groups_dropped_fraction": dropped / (dropped + batch.num_groups),
+    }
+    for reason, count in batch.dropped_groups.items():
+        stats[f"groups_dropped_{reason}"] = float(count)
+    return stats
+
+
 class LearnerWorker(Component):
     def __init__(
         self,
@@ -43,7 +56,7 @@ class LearnerWorker(Component):
         weights: SharedWeights,
         obs_spec: ObsSpec,
         action_spec: ActionSpec,
-        batcher: Batcher,
+        batcher: Batcher | GroupBatcher,
         resume_state: dict | None,
         task_sequence: SharedTaskSequence | None = None,
     ):
@@ -74,7 +87,7 @@ class LearnerWorker(Component):
         self.device = torch.device(cfg.learner.device)
         self.ranks = RankInfo.from_environment()
         self.group = LearnerGroup(self.ranks, self.device)
-        self.model = ActorCritic(self.obs_spec, self.action_spec, cfg.model).to(self.device)
+        self.model = ActorCritic.for_config(cfg, self.obs_spec, self.action_spec).to(self.device)
         # Train the very weights the inference workers act with first: those the runner published (built from
         # --seed, or loaded from the checkpoint on resume). A model of this process's own would be another policy,
         # foreign to the first batches' log-probs and values.
@@ -91,12 +104,24 @@ class LearnerWorker(Component):
         self.weights.publish(self.model, self.version)
         self.rank_env_steps = [0] * self.ranks.world_size  # this run's, per rank
         self.rank_sequences: list[dict] = [{}] * self.ranks.world_size
-        slots = [
-            TrajectoryBuffers.allocate(
-                cfg.trajectories_per_training_batch, cfg.sampler.rollout, self.obs_spec, self.action_spec, shared=False
-            )
-            for _ in range(NUM_BATCH_SLOTS)
-        ]
+        if cfg.advantage.critic_free:
+            slots = [
+                GroupBatch.allocate(
+                    cfg.samples_per_training_batch, cfg.env.task_group_size, self.obs_spec, self.action_spec
+                )
+                for _ in range(NUM_BATCH_SLOTS)
+            ]
+        else:
+            slots = [
+                TrajectoryBuffers.allocate(
+                    cfg.trajectories_per_training_batch,
+                    cfg.sampler.rollout,
+                    self.obs_spec,
+                    self.action_spec,
+                    shared=False,
+                )
+                for _ in range(NUM_BATCH_SLOTS)
+            ]
         if self.device.type == "cuda":
             slots = [slot.pin_memory_() for slot in slots]
         self.batch_slots = slots
@@ -126,8 +151,14 @@ class LearnerWorker(Component):
             return
         started = time.perf_counter()
         batch = self.batch_slots[slot]
-        samples = batch.rewards.shape[0] * (batch.rewards.shape[1] - 1)
-        ranks, in_sync = self._exchange(samples)
+        if isinstance(batch, GroupBatch):
+            samples = batch.env_steps  # the batch's steps and those of the groups dropped since the last one
+        else:
+            samples = batch.rewards.shape[0] * (batch.rewards.shape[1] - 1)
+        # An empty group batch only counts the env steps of dropped groups (--dynamic_sampling): nothing to train.
+        # The ranks' updates all-reduce gradients step by step, so then no rank updates this round.
+        trainable = not (isinstance(batch, GroupBatch) and batch.num_groups == 0)
+        ranks, in_sync = self._exchange(samples, trainable)
         other_ranks_episodes = [episode for rank in ranks[1:] for episode in rank.episodes]
         if any(rank.stop_requested for rank in ranks):
             self.stop_agreed = True
@@ -135,11 +166,13 @@ class LearnerWorker(Component):
             self._report({}, other_ranks_episodes, in_sync, stop_agreed=True)
             return
         stats: dict[str, float] = {}
-        if not self.cfg.run.benchmark:
+        if all(rank.trainable for rank in ranks) and not self.cfg.run.benchmark:
             on_device = batch.to(self.device) if self.device.type != "cpu" else batch
             stats = self.trainer.train(on_device, self.version, self.env_steps)
             self.version += 1
             self.weights.publish(self.model, self.version)
+        if isinstance(batch, GroupBatch):
+            stats.update(group_stats(batch))
         self.env_steps += sum(rank.samples for rank in ranks)
         self.rank_env_steps = [steps + rank.samples for steps, rank in zip(self.rank_env_steps, ranks)]
         self.batch_released.emit(slot)
@@ -147,10 +180,12 @@ class LearnerWorker(Component):
         self.train_sec += time.perf_counter() - started
         self._report(stats, other_ranks_episodes, in_sync)
 
-    def _exchange(self, samples: int) -> tuple[list[RankBatch], bool]:
+    def _exchange(self, samples: int, trainable: bool = True) -> tuple[list[RankBatch], bool]:
         """Tell the other ranks this rank's news; return theirs, and whether every rank holds the same weights."""
         checksum = parameter_checksum(self.model) if self.group.distributed else 0.0
-        mine = RankBatch(samples, self.stop_requested, self._task_sequence(), checksum, self.pending_episodes)
+        mine = RankBatch(
+            samples, self.stop_requested, self._task_sequence(), checksum, self.pending_episodes, trainable
+        )
         ranks = self.group.exchange(mine)
         self.pending_episodes = []
         self.rank_sequences = [rank.task_sequence for rank in ranks]

@@ -1,20 +1,26 @@
-"""One PPO update on a training batch, readable top to bottom: targets, then epochs of minibatch steps.
+"""One PPO update on a training batch, readable top to bottom: advantages, then epochs of minibatch steps.
 
-The batch is ``B`` whole trajectories of ``T`` steps (entry ``T`` is the bootstrap observation). Plumbing
-(where the batch came from, where the weights go) lives in the learner worker, the math in ``sfengine.algo``.
+With a critic (``--advantage=gae|vtrace``) the batch is ``B`` whole trajectories of ``T`` steps (entry ``T`` is the
+bootstrap observation). Without one (``rloo|grpo``) it is a ``GroupBatch``: the steps of whole groups of episodes
+and each episode's outcome. Both end in the same minibatch step and the same policy surrogate (``--clip_mode``).
+Plumbing (where the batch came from, where the weights go) lives in the learner worker, the math in
+``sfengine.algo``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 from torch import Tensor
 
-from sfengine.algo import explained_variance, gae, normalize_advantages, ppo_loss, vtrace
+from sfengine.algo import SurrogateParams, explained_variance, gae, normalize_advantages, ppo_loss, vtrace
+from sfengine.algo.group_advantages import GROUP_ADVANTAGES
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
 from sfengine.distributed import LearnerGroup, RankInfo
+from sfengine.learning.group_batcher import GroupBatch
 from sfengine.models.actor_critic import ActorCritic
 
 
@@ -25,6 +31,9 @@ class PPOTrainer:
         self.optimizer = torch.optim.Adam(
             model.parameters(), lr=cfg.learner.learning_rate, eps=cfg.learner.adam_eps, fused=True
         )
+        policy = dataclasses.asdict(cfg.policy_loss)
+        self.clip_mode = policy.pop("clip_mode")
+        self.surrogate_params = SurrogateParams(clip_ratio=cfg.learner.ppo_clip_ratio, **policy)
 
     def learning_rate(self, env_steps: int) -> float:
         lr = self.cfg.learner.learning_rate
@@ -32,13 +41,28 @@ class PPOTrainer:
             lr *= max(0.0, 1.0 - env_steps / self.cfg.run.train_for_env_steps)
         return lr
 
-    def train(self, batch: TrajectoryBuffers, learner_version: int, env_steps: int) -> dict[str, float]:
+    def train(self, batch: TrajectoryBuffers | GroupBatch, learner_version: int, env_steps: int) -> dict[str, float]:
         """Run ``num_epochs`` x ``num_batches_per_epoch`` optimiser steps on ``batch``; return the stats."""
-        cfg = self.cfg.learner
-        num_traj, horizon = batch.rewards.shape[0], batch.rewards.shape[1] - 1
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate(env_steps)
+        self.sums, self.ratio_range = {}, [math.inf, -math.inf]
+        if isinstance(batch, GroupBatch):
+            stats = self._train_on_groups(batch, learner_version)
+        else:
+            stats = self._train_with_critic(batch, learner_version)
+        num_updates = self.cfg.learner.num_epochs * self.cfg.learner.num_batches_per_epoch
+        stats.update({name: total / num_updates for name, total in self.sums.items()})
+        stats.update(
+            ratio_min=self.ratio_range[0],
+            ratio_max=self.ratio_range[1],
+            learning_rate=self.optimizer.param_groups[0]["lr"],
+        )
+        return stats
 
+    def _train_with_critic(self, batch: TrajectoryBuffers, learner_version: int) -> dict[str, float]:
+        """GAE or V-trace advantages from the critic, over ``B`` trajectories of ``T`` steps."""
+        cfg = self.cfg.learner
+        num_traj, horizon = batch.rewards.shape[0], batch.rewards.shape[1] - 1
         steps = slice(0, horizon)
         rewards = batch.rewards[:, steps] * cfg.reward_scale
         if cfg.reward_clip > 0:
@@ -51,15 +75,11 @@ class PPOTrainer:
         old_log_probs = batch.log_probs[:, steps].reshape(-1)
         old_values = batch.values[:, steps].reshape(-1)
 
-        if not cfg.with_vtrace:
+        with_vtrace = self.cfg.advantage.advantage == "vtrace"
+        if not with_vtrace:
             advantages, returns = gae(rewards, batch.values, *episode_ends, cfg.gamma, cfg.gae_lambda)
-
-        sums: dict[str, float] = {}
-        num_minibatches = cfg.num_batches_per_epoch
-        # The critic's loss and its clip are in normalised return units (plain units without normalisation).
-        normalized = self.model.normalized_values
         for epoch in range(cfg.num_epochs):
-            if cfg.with_vtrace:
+            if with_vtrace:
                 advantages, returns = self._vtrace_targets(batch, rewards, episode_ends)
             if epoch == 0:
                 # The return statistics include this batch's targets before the critic fits them (a first success
@@ -67,53 +87,102 @@ class PPOTrainer:
                 # them, so no prediction moves.
                 self.model.update_return_normalizer(returns, self.group.sum)
             flat_advantages, flat_returns = advantages.reshape(-1), returns.reshape(-1)
-            order = torch.randperm(num_traj * horizon)
-            for idx in order.chunk(num_minibatches):
-                params, values = self.model({key: obs[idx] for key, obs in flat_obs.items()})
-                log_probs, entropy = self.model.log_prob_entropy(params, flat_actions[idx])
+            for idx in torch.randperm(num_traj * horizon).chunk(cfg.num_batches_per_epoch):
                 minibatch_advantages = flat_advantages[idx]
                 if cfg.normalize_advantage:
                     minibatch_advantages = normalize_advantages(minibatch_advantages)
-                losses = ppo_loss(
-                    log_probs,
+                self._step(
+                    {key: obs[idx] for key, obs in flat_obs.items()},
+                    flat_actions[idx],
                     old_log_probs[idx],
                     minibatch_advantages,
-                    normalized(values),
-                    normalized(old_values[idx]),
-                    normalized(flat_returns[idx]),
-                    entropy,
-                    clip_ratio=cfg.ppo_clip_ratio,
-                    value_clip=cfg.ppo_clip_value or None,
-                    value_loss_coeff=cfg.value_loss_coeff,
-                    entropy_coeff=cfg.entropy_coeff,
+                    (old_values[idx], flat_returns[idx]),
                 )
-                self.optimizer.zero_grad(set_to_none=True)
-                losses.loss.backward()
-                self.group.average_gradients(self.model)
-                grad_norm = self._clip_gradients()
-                self.optimizer.step()
-                for name, value in losses._asdict().items():
-                    sums[name] = sums.get(name, 0.0) + float(value.detach())
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
 
         # The observation statistics move only after the update: during it the model sees its inputs as the acting
         # policy saw them, so an on-policy update starts at ratio 1 and its value anchors are the critic's own.
         self.model.update_normalizers({key: obs[:, steps] for key, obs in batch.obs.items()}, self.group.sum)
-        num_updates = cfg.num_epochs * num_minibatches
-        stats = {name: total / num_updates for name, total in sums.items()}
         lag = (learner_version - batch.versions[:, steps]).float()
-        stats.update(
-            policy_lag_mean=float(lag.mean()),
-            policy_lag_max=float(lag.max()),
-            explained_variance=explained_variance(old_values, returns.reshape(-1)),
-            learning_rate=self.optimizer.param_groups[0]["lr"],
-            value_mean=float(old_values.mean()),
-            advantage_mean=float(advantages.mean()),
-        )
+        stats = {
+            "policy_lag_mean": float(lag.mean()),
+            "policy_lag_max": float(lag.max()),
+            "explained_variance": explained_variance(old_values, returns.reshape(-1)),
+            "value_mean": float(old_values.mean()),
+            "advantage_mean": float(advantages.mean()),
+        }
         if self.model.return_normalizer is not None:
             return_stats = self.model.return_normalizer
             stats.update(return_mean=float(return_stats.stats.mean), return_std=float(return_stats.std()))
         return stats
+
+    def _train_on_groups(self, batch: GroupBatch, learner_version: int) -> dict[str, float]:
+        """Critic-free: every step of episode i gets its group advantage A_i (``sfengine.algo.group_advantages``).
+        The advantages are used as they are, not renormalised per minibatch: that would shift the zero advantage
+        of a group with equal outcomes, and a group's own centring is the baseline."""
+        cfg = self.cfg.learner
+        n = batch.num_steps
+        outcomes = batch.outcomes[: batch.num_groups]
+        episode_advantages = GROUP_ADVANTAGES[self.cfg.advantage.advantage](outcomes)
+        advantages = episode_advantages.reshape(-1)[batch.episodes[:n]]
+        obs = {key: o[:n] for key, o in batch.obs.items()}
+        actions, old_log_probs = batch.actions[:n], batch.log_probs[:n]
+        for _ in range(cfg.num_epochs):
+            for idx in torch.randperm(n, device=advantages.device).chunk(cfg.num_batches_per_epoch):
+                self._step({key: o[idx] for key, o in obs.items()}, actions[idx], old_log_probs[idx], advantages[idx])
+        self.model.update_normalizers(obs, self.group.sum)
+        lag = (learner_version - batch.versions[:n]).float()
+        return {
+            "policy_lag_mean": float(lag.mean()),
+            "policy_lag_max": float(lag.max()),
+            "advantage_abs_mean": float(episode_advantages.abs().mean()),
+            "outcome_mean": float(outcomes.mean()),
+        }
+
+    def _step(
+        self,
+        obs: dict[str, Tensor],
+        actions: Tensor,
+        old_log_probs: Tensor,
+        advantages: Tensor,
+        value_anchors: tuple[Tensor, Tensor] | None = None,
+    ) -> None:
+        """One optimiser step on a minibatch. ``value_anchors``: the acting critic's values and the value targets
+        (None without a critic)."""
+        cfg = self.cfg.learner
+        params, values = self.model(obs)
+        log_probs, entropy = self.model.log_prob_entropy(params, actions)
+        value_terms: tuple[Tensor | None, ...] = (None, None, None)
+        if value_anchors is not None:
+            # The critic's loss and its clip are in normalised return units (plain units without normalisation).
+            normalized = self.model.normalized_values
+            value_terms = (normalized(values), normalized(value_anchors[0]), normalized(value_anchors[1]))
+        losses = ppo_loss(
+            log_probs,
+            old_log_probs,
+            advantages,
+            *value_terms,
+            entropy,
+            clip_ratio=cfg.ppo_clip_ratio,
+            value_clip=cfg.ppo_clip_value or None,
+            value_loss_coeff=cfg.value_loss_coeff,
+            entropy_coeff=cfg.entropy_coeff,
+            clip_mode=self.clip_mode,
+            surrogate_params=self.surrogate_params,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        losses.loss.backward()
+        self.group.average_gradients(self.model)
+        grad_norm = self._clip_gradients()
+        self.optimizer.step()
+        sums = self.sums
+        for name in ("loss", "policy_loss", "value_loss", "entropy"):
+            sums[name] = sums.get(name, 0.0) + float(getattr(losses, name).detach())
+        sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
+        diagnostics = dict(losses.diagnostics)
+        self.ratio_range[0] = min(self.ratio_range[0], diagnostics.pop("ratio_min"))
+        self.ratio_range[1] = max(self.ratio_range[1], diagnostics.pop("ratio_max"))
+        for name, value in diagnostics.items():
+            sums[name] = sums.get(name, 0.0) + value
 
     def _clip_gradients(self) -> float:
         max_norm = self.cfg.learner.max_grad_norm

@@ -1,8 +1,16 @@
-"""The actor-critic model: one encoder per observation key, concatenated, then a policy head and a value head.
+"""The actor-critic model: a CNN per image key and one MLP over all vector keys, concatenated, then a policy head
+and a value head.
 
-    obs["image"] (uint8 HxWxC) --CNN--+
-    obs["state"] (float D)   --MLP----+--concat--> policy head (categorical logits | Gaussian mean, log-std)
-                                               +--> value head --> x std + mean of the returns (if normalised)
+    obs["image"] (uint8 HxWxC)  --CNN------------------------+
+    obs["proprio"] (float D1) --+                             +--concat--> policy head (categorical logits |
+    obs["task"] (float D2)    --+--concat--normalise--MLP-----+            Gaussian mean, log-std)
+                                                              +--> value head --> x std + mean of the returns
+
+The vector keys share one MLP (as Stable-Baselines3's MultiInputPolicy does), so its first layer can combine
+them: a gripper's position with an object's, which per-key encoders could only add up in the linear heads. It
+also keeps the inference worker's forward pass at two layers whatever the number of keys. The MLP and its
+normaliser are named after the keys they read, joined by ``+`` in sorted order (``"object+proprio+task"``; a
+single key's name is the key itself).
 
 With ``--actor_critic=separate`` the value head has encoders of its own (the same architecture), so a large value
 loss cannot take over the features the policy reads; the observation normalisers are shared either way.
@@ -23,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from sfengine.config import ModelConfig
+from sfengine.config import Config, ModelConfig
 from sfengine.spaces import ActionSpec, ObsSpec
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
@@ -154,21 +162,26 @@ class PolicyOutput(NamedTuple):
 
 
 class ActorCritic(nn.Module):
-    def __init__(self, obs_spec: ObsSpec, action_spec: ActionSpec, cfg: ModelConfig):
+    """``critic=False`` (critic-free advantages, ``--advantage=rloo|grpo``): no value head, and values are 0."""
+
+    def __init__(self, obs_spec: ObsSpec, action_spec: ActionSpec, cfg: ModelConfig, critic: bool = True):
         super().__init__()
         self.obs_spec, self.action_spec = obs_spec, action_spec
         activation = ACTIVATIONS[cfg.activation]
-        self.keys = sorted(obs_spec.shapes)
+        self.vector_keys = sorted(key for key in obs_spec.shapes if not obs_spec.is_image(key))
+        self.image_keys = sorted(key for key in obs_spec.shapes if obs_spec.is_image(key))
+        self.vector_name = "+".join(self.vector_keys)
+        self.vector_dim = sum(obs_spec.shapes[key][0] for key in self.vector_keys)
+        self.input_names = ([self.vector_name] if self.vector_keys else []) + self.image_keys
         self.normalizers = nn.ModuleDict()
-        if cfg.normalize_input:
-            for key in self.keys:
-                if not obs_spec.is_image(key):
-                    self.normalizers[key] = RunningMeanStd(obs_spec.shapes[key][0])
+        if cfg.normalize_input and self.vector_keys:
+            self.normalizers[self.vector_name] = RunningMeanStd(self.vector_dim)
         self.encoders, features = self._build_encoders(cfg, activation)
         # Separate: the critic's own encoders. Shared: the value head reads the policy's features.
-        self.value_encoders = self._build_encoders(cfg, activation)[0] if cfg.actor_critic == "separate" else None
-        self.value_head = nn.Linear(features, 1)
-        self.return_normalizer = ReturnNormalizer() if cfg.normalize_returns else None
+        separate = critic and cfg.actor_critic == "separate"
+        self.value_encoders = self._build_encoders(cfg, activation)[0] if separate else None
+        self.value_head = nn.Linear(features, 1) if critic else None
+        self.return_normalizer = ReturnNormalizer() if critic and cfg.normalize_returns else None
         self.state_dependent_std = not action_spec.discrete and cfg.continuous_log_std == "state_dependent"
         if action_spec.discrete:
             self.policy_head = nn.Linear(features, action_spec.num_actions)
@@ -179,17 +192,20 @@ class ActorCritic(nn.Module):
             self.log_std = nn.Parameter(torch.full((action_spec.dim,), cfg.initial_log_std))
         self._init_weights(cfg.initial_log_std)
 
+    @classmethod
+    def for_config(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> ActorCritic:
+        """The run's model: without a critic when its advantages need none."""
+        return cls(obs_spec, action_spec, cfg.model, critic=not cfg.advantage.critic_free)
+
     def _build_encoders(self, cfg: ModelConfig, activation: type[nn.Module]) -> tuple[nn.ModuleDict, int]:
-        """One encoder per observation key, and the width of their concatenated features."""
+        """One MLP for the vector keys and a CNN per image key, and the width of their concatenated features."""
         encoders, features = nn.ModuleDict(), 0
-        for key in self.keys:
-            shape = self.obs_spec.shapes[key]
-            if self.obs_spec.is_image(key):
-                encoders[key] = CNNEncoder(shape, activation)
-                features += encoders[key].out_dim
-            else:
-                encoders[key] = mlp([shape[0], *cfg.hidden_sizes], activation)
-                features += cfg.hidden_sizes[-1]
+        if self.vector_keys:
+            encoders[self.vector_name] = mlp([self.vector_dim, *cfg.hidden_sizes], activation)
+            features += cfg.hidden_sizes[-1]
+        for key in self.image_keys:
+            encoders[key] = CNNEncoder(self.obs_spec.shapes[key], activation)
+            features += encoders[key].out_dim
         return encoders, features
 
     def _init_weights(self, initial_log_std: float) -> None:
@@ -203,7 +219,8 @@ class ActorCritic(nn.Module):
         # The critic starts at exactly 0 in every state: an untrained critic's O(1) outputs would otherwise enter the
         # first batches' returns, swamp small rewards and, through the return statistics, which keep all history,
         # leave the critic's units wrong for the rest of the run.
-        nn.init.zeros_(self.value_head.weight)
+        if self.value_head is not None:
+            nn.init.zeros_(self.value_head.weight)
         if self.state_dependent_std:
             with torch.no_grad():
                 self.policy_head.bias[self.action_spec.dim :] = initial_log_std
@@ -224,8 +241,15 @@ class ActorCritic(nn.Module):
     def update_normalizers(
         self, obs: dict[str, Tensor], sum_over_ranks: Callable[[Tensor], Tensor] | None = None
     ) -> None:
-        for key, normalizer in self.normalizers.items():
-            normalizer.update(obs[key], sum_over_ranks)
+        """Merge a batch's vector observations (dict of [..., dim] tensors) into the running statistics."""
+        if self.normalizers:
+            self.normalizers[self.vector_name].update(self._vector(obs), sum_over_ranks)
+
+    def _vector(self, obs: dict[str, Tensor]) -> Tensor:
+        """The vector keys of ``obs`` side by side, [..., vector_dim]."""
+        if len(self.vector_keys) == 1:
+            return obs[self.vector_keys[0]]
+        return torch.cat([obs[key] for key in self.vector_keys], dim=-1)
 
     def update_return_normalizer(
         self, returns: Tensor, sum_over_ranks: Callable[[Tensor], Tensor] | None = None
@@ -239,8 +263,13 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """obs: dict of [N, ...] tensors -> (policy parameters [N, P], values [N] in return units)."""
-        inputs = {key: self.normalizers[key](obs[key]) if key in self.normalizers else obs[key] for key in self.keys}
+        inputs = {key: obs[key] for key in self.image_keys}
+        if self.vector_keys:
+            vector = self._vector(obs)
+            inputs[self.vector_name] = self.normalizers[self.vector_name](vector) if self.normalizers else vector
         features = self._encode(self.encoders, inputs)
+        if self.value_head is None:
+            return self.policy_head(features), features.new_zeros(features.shape[0])
         value_features = features if self.value_encoders is None else self._encode(self.value_encoders, inputs)
         values = self.value_head(value_features).squeeze(-1)
         if self.return_normalizer is not None:
@@ -248,7 +277,7 @@ class ActorCritic(nn.Module):
         return self.policy_head(features), values
 
     def _encode(self, encoders: nn.ModuleDict, inputs: dict[str, Tensor]) -> Tensor:
-        parts = [encoders[key](inputs[key]) for key in self.keys]
+        parts = [encoders[name](inputs[name]) for name in self.input_names]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def _mean_log_std(self, params: Tensor) -> tuple[Tensor, Tensor]:

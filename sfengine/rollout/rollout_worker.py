@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from signal_slot.signal_slot import Timer, signal
 
-from sfengine.buffers import NO_ENV, POLICY_FIELDS, SharedBuffers
+from sfengine.buffers import CARRIED_FIELDS, NO_ENV, SharedBuffers
 from sfengine.config import Config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext, EnvFactory, env_context
@@ -31,7 +31,7 @@ from sfengine.evaluation.video import EpisodeVideo, EvalOutput
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.messages import EpisodeStats, InferenceRequest, TrajectoriesReady, WorkerReport
 from sfengine.spaces import ActionSpec, obs_as_dict
-from sfengine.task_sequence import SharedTaskSequence
+from sfengine.task_sequence import SharedTaskSequence, single_task_group_seed
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class SplitRunner:
         self.truncated_envs: list[int] = []  # envs whose final obs awaits V(final_obs)
         self.tasks = np.full(len(envs), -1, dtype=np.int64)  # the task each env is playing (multi-task envs)
         self.init_states = np.full(len(envs), -1, dtype=np.int64)  # and its init state (evaluation: or seed)
+        self.positions = np.full(len(envs), -1, dtype=np.int64)  # group advantages: each episode's sequence position
         self.active = np.ones(len(envs), dtype=bool)  # evaluation: False once an env found the set exhausted
         self.videos: dict[int, EpisodeVideo] = {}  # evaluation: env index -> the episode it records
         self.held: dict[str, np.ndarray] | None = None  # last step of a rollout while the split waits
@@ -81,6 +82,9 @@ class RolloutWorker(Component):
         self.free_ids: deque[int] = deque(buffers.worker_buffer_ids(worker))
         self.waiting_splits: deque[SplitRunner] = deque()  # at a rollout boundary, waiting for buffers or a policy
         self.sync_rollouts = 0 if cfg.sampler.async_rl else self._rollouts_per_update(cfg)
+        # Group advantages: every step records its episode's sequence position, every episode end its outcome.
+        self.outcome_is_success = cfg.advantage.group_outcome == "success"
+        self.warned_no_success = False
         self.stopped = False
 
     @staticmethod
@@ -144,6 +148,7 @@ class RolloutWorker(Component):
                 obs = self._reset_env(split, i, seed=ctx.seed)
                 if obs is not None:
                     self._write_obs(obs, split.buffer_ids[i], 0)
+            self.traj["episode_positions"][split.buffer_ids, 0] = split.positions
             self.env_step_sec += time.perf_counter() - started
             if split.active.any():
                 self._request(split)
@@ -205,6 +210,7 @@ class RolloutWorker(Component):
             except Exception:  # noqa: BLE001  (a simulator failure costs one episode, never the run)
                 obs = self._replace_failed_env(split, i, ids[i], t)
                 rewards[i], truncated[i] = 0.0, True
+                self.traj["outcomes"][ids[i], t] = math.nan  # a dropped episode: its group is dropped too
                 self._write_obs(obs, ids[i], t + 1)
                 continue
             rewards[i] = reward
@@ -212,7 +218,7 @@ class RolloutWorker(Component):
                 split.videos[i].add(env.render())
             if term or trunc:
                 terminated[i], truncated[i] = term, trunc and not term
-                self._end_episode(split, i, float(reward), info)
+                self.traj["outcomes"][ids[i], t] = self._outcome(self._end_episode(split, i, float(reward), info))
                 if truncated[i]:
                     self._keep_final_obs(split, i, obs_as_dict(obs))
                 obs = self._reset_env(split, i)
@@ -229,6 +235,7 @@ class RolloutWorker(Component):
         self.traj["rewards"][ids, t] = rewards
         self.traj["terminated"][ids, t] = terminated
         self.traj["truncated"][ids, t] = truncated
+        self.traj["episode_positions"][ids, t + 1] = split.positions
         split.t = t + 1
         if split.active.any():
             self._request(split)
@@ -247,8 +254,11 @@ class RolloutWorker(Component):
         options = None
         episode = None
         if self.task_sequence is not None:
-            # An evaluation keeps each env on its task while the task has episodes left (one simulator per task).
-            episode = self.task_sequence.next(int(split.tasks[i])) if self.evaluation else self.task_sequence.next()
+            if self.evaluation is not None:
+                # An evaluation keeps each env on its task while the task has episodes left (one simulator a task).
+                episode = self.task_sequence.next(int(split.tasks[i]))
+            else:
+                episode, split.positions[i] = self.task_sequence.next_with_position()
             if episode is None:
                 split.active[i] = False
                 return None
@@ -258,6 +268,9 @@ class RolloutWorker(Component):
                 options = {"task": episode.task, "init_state": episode.init_state}
             elif self.evaluation is not None:
                 seed = episode.init_state  # single-task evaluation: episode k resets with seed k
+            else:
+                # Single-task groups: the G episodes of a group start from the same seed.
+                seed = single_task_group_seed(self.cfg.env.seed, episode.init_state)
         try:
             obs, info = split.envs[i].reset(seed=seed, options=options)
         except Exception:  # noqa: BLE001  (a failed reset is handled like a failed step: rebuild once)
@@ -295,7 +308,20 @@ class RolloutWorker(Component):
         ctx = split.contexts[i]
         return f"rollout worker {self.worker}, env {ctx.env_index} ({ctx.name})"
 
-    def _end_episode(self, split: SplitRunner, i: int, last_reward: float, info: dict) -> None:
+    def _outcome(self, episode: EpisodeStats) -> float:
+        """An episode's outcome for group advantages: its return, or its success."""
+        if not self.outcome_is_success:
+            return episode.episode_return
+        if math.isnan(episode.success) and not self.warned_no_success and self.cfg.advantage.critic_free:
+            self.warned_no_success = True
+            log.error(
+                "--group_outcome=success, but %s reports no 'success' in the info of an episode's last step: its "
+                "groups are dropped; use --group_outcome=return",
+                self.cfg.env.env,
+            )
+        return episode.success
+
+    def _end_episode(self, split: SplitRunner, i: int, last_reward: float, info: dict) -> EpisodeStats:
         success = info.get("success", info.get("is_success", math.nan))
         if self.task_sequence is not None and not math.isnan(success):
             self.task_sequence.record(int(split.tasks[i]), bool(success))
@@ -311,13 +337,14 @@ class RolloutWorker(Component):
             self.evaluation.write_video(split.videos.pop(i), episode)
         split.episode_returns[i] = 0.0
         split.episode_lengths[i] = 0
+        return episode
 
     def _finish_rollout(self, split: SplitRunner) -> bool:
         """Hand the full buffers to the batcher; continue in fresh ones. False if the split must wait."""
         ids, last = split.buffer_ids, self.rollout
         # Keep the last step (obs and policy output): it is step 0 of the next rollout.
         obs_fields = [f"obs.{key}" for key in self.obs_np]
-        split.held = {name: self.traj[name][ids, last] for name in (*obs_fields, *POLICY_FIELDS)}
+        split.held = {name: self.traj[name][ids, last] for name in (*obs_fields, *CARRIED_FIELDS)}
         if self.evaluation is not None:
             self.free_ids.extend(ids.tolist())  # nothing learns from an evaluation: the buffers are reused at once
             self._continue_in_new_buffers(split)
@@ -326,7 +353,7 @@ class RolloutWorker(Component):
         split.rollouts_since_update += 1
         if self.sync_rollouts and split.rollouts_since_update >= self.sync_rollouts:
             # On-policy: the next rollout must start with the next policy's actions, so drop these.
-            split.held = {name: split.held[name] for name in obs_fields}
+            split.held = {name: split.held[name] for name in (*obs_fields, "episode_positions")}
             split.may_resume = False
             self.waiting_splits.append(split)
             return False

@@ -104,10 +104,17 @@ def test_clip_fraction_and_approx_kl_statistics():
         entropy=torch.zeros(4),
     )
     # |ratio - 1| = [1, 0.5, 0, 0] vs clip 0.2 -> 2 of 4 clipped
-    assert_close(result.clip_fraction, torch.tensor(0.5))
+    assert result.diagnostics["clip_fraction"] == pytest.approx(0.5)
     # (r - 1) - log r:  (1 - ln 2) + (-0.5 + ln 2) + 0 + 0 = 0.5 -> mean 0.125
-    assert_close(result.approx_kl, torch.tensor(0.125))
-    assert not result.approx_kl.requires_grad and not result.clip_fraction.requires_grad
+    assert result.diagnostics["approx_kl"] == pytest.approx(0.125)
+    # A = +1: ratio 2 is clipped (no gradient), 0.5 is not (min picks r A), the two at 1 are inside
+    assert result.diagnostics["dead_grad_fraction"] == pytest.approx(0.25)
+    assert (result.diagnostics["ratio_min"], result.diagnostics["ratio_max"]) == pytest.approx((0.5, 2.0))
+
+
+def test_without_a_critic_the_value_loss_is_zero():
+    result = loss_with(values=None, old_values=None, value_targets=None, advantages=torch.tensor([1.0, -1.0]))
+    assert float(result.value_loss) == 0.0
 
 
 def test_normalize_advantages_gives_zero_mean_unit_std():

@@ -239,6 +239,23 @@ def test_without_a_cache_every_task_switch_rebuilds_the_simulator():
         env.close()
 
 
+@pytest.mark.parametrize("world_size, rank, sim_cache, built", [(2, 1, 5, [1, 3, 5, 7, 9]), (2, 1, 4, [])])
+def test_a_training_env_with_room_for_every_task_of_its_rank_builds_their_simulators_at_start(
+    monkeypatch, world_size, rank, sim_cache, built
+):
+    # Rank 1 of 2 deals tasks 1, 3, 5, 7, 9: an env keeping 5 simulators builds those five before its first reset
+    # (no build stalls its worker later); one keeping 4 builds none until a reset asks for a task.
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    monkeypatch.setenv("RANK", str(rank))
+    env = make_env("libero_object", libero_sim_cache=sim_cache)
+    try:
+        assert sorted(env.sims) == built and env.sims_built == len(built)
+        env.reset(options={"task": 3, "init_state": 0})
+        assert env.sims_built == max(len(built), 1)  # a kept task's reset builds nothing more
+    finally:
+        env.close()
+
+
 def enabled_modalities(env) -> set[str]:
     return {o.modality for o in env.sim.env._observables.values() if o.is_enabled()}
 

@@ -121,6 +121,37 @@ def test_the_fast_step_is_the_stock_step_bit_for_bit_without_warm_starts():
         stock.close()
 
 
+def test_observables_on_clocks_of_their_own_sample_as_in_the_stock_step():
+    """The fast step advances the observables' shared sampling clock once per substep; an observable with its own
+    rate or a delay sends it back to robosuite's per-substep updates. Either way the observations and every
+    observable's clock match the stock step's, bit for bit with warm starts off."""
+    fast, stock = make("libero_object", True), make("libero_object", False)
+    try:
+        for env in (fast, stock):
+            env.reset(options={"task": 1, "init_state": 0})
+            disable_warm_starts(env)
+        for own_clocks in (False, True):
+            for env in (fast, stock):
+                if own_clocks:
+                    proprio = [o.name for o in env.sim.env._observables.values() if o.modality == "robot0_proprio"]
+                    env.sim.env.modify_observable(proprio[0], "sampling_rate", 10)
+                    env.sim.env.modify_observable(proprio[1], "delayer", lambda: 0.011)
+                env.reset(options={"task": 1, "init_state": 0})
+            for action in action_sequence(seed=4, steps=5):
+                fast_obs, stock_obs = fast.step(action)[0], stock.step(action)[0]
+                for key in fast_obs:
+                    np.testing.assert_array_equal(fast_obs[key], stock_obs[key], err_msg=f"{key}, {own_clocks=}")
+                for name, observable in fast.sim.env._observables.items():
+                    theirs = stock.sim.env._observables[name]
+                    assert (observable._time_since_last_sample, observable._sampled) == (
+                        theirs._time_since_last_sample,
+                        theirs._sampled,
+                    ), name
+    finally:
+        fast.close()
+        stock.close()
+
+
 @pytest.mark.parametrize(
     "suite, task, init_states", [("libero_spatial", 0, (0, 2)), ("libero_goal", 2, (5,)), ("libero_10", 1, (2,))]
 )

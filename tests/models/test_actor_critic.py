@@ -200,3 +200,38 @@ def test_separate_critic_has_encoders_of_its_own_and_its_loss_leaves_the_policy_
     assert all(p.grad is not None for p in model.value_encoders.parameters())
     shared(obs)[1].pow(2).sum().backward()
     assert all(p.grad is not None for p in shared.encoders.parameters())
+
+
+def test_vector_keys_share_one_mlp_so_the_policy_can_combine_them():
+    # The mean action has to be the product of two keys' values. Features computed per key and joined only in the
+    # linear head can express f(a) + g(b) at best, which for independent uniform a, b explains none of a*b's
+    # variance (1/9); one MLP over both keys fits it.
+    torch.manual_seed(3)
+    obs_space = gym.spaces.Dict(
+        {"a": gym.spaces.Box(-1.0, 1.0, (1,), np.float32), "b": gym.spaces.Box(-1.0, 1.0, (1,), np.float32)}
+    )
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    model = ActorCritic(
+        obs_spec_from_space(obs_space), action_spec_from_space(action_space), ModelConfig(normalize_input=False)
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(1500):
+        obs = {key: torch.rand(256, 1) * 2 - 1 for key in ("a", "b")}
+        mean, _ = model(obs)
+        loss = (mean.squeeze(-1) - obs["a"].squeeze(-1) * obs["b"].squeeze(-1)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.3 / 9, loss.item()
+
+
+def test_the_vector_normaliser_keeps_the_moments_of_the_keys_side_by_side():
+    obs_space = gym.spaces.Dict(
+        {"b": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "a": gym.spaces.Box(-1.0, 1.0, (1,), np.float32)}
+    )
+    model = ActorCritic(obs_spec_from_space(obs_space), action_spec_from_space(gym.spaces.Discrete(2)), ModelConfig())
+    obs = {"a": torch.randn(1000, 1) + 5.0, "b": torch.randn(1000, 2) * 3.0}
+    model.update_normalizers(obs)
+    normalizer = model.normalizers["a+b"]  # keys in sorted order
+    assert torch.allclose(normalizer.mean, torch.cat([obs["a"], obs["b"]], 1).mean(0), atol=1e-4)
+    assert torch.allclose(normalizer.var, torch.cat([obs["a"], obs["b"]], 1).var(0, unbiased=False), atol=1e-3)
