@@ -73,6 +73,11 @@ class SamplerConfig:
         "percent where the CPU has native bf16 (AVX512-BF16, AMX). The learner always trains in float32",
         ("float32", "bfloat16"),
     )
+    worker_cpu_affinity: bool = option(
+        False,
+        "pin rollout worker w to core w (wrapping over the cores the run may use; ranks on one machine take "
+        "consecutive blocks); inference workers and the learner stay free",
+    )
     rollout: int = option(32, "env steps per trajectory handed to the learner")
     serial_mode: bool = option(False, "run every component on one event loop in one process (debugging, tiny machines)")
     async_rl: bool = option(
@@ -156,6 +161,11 @@ class PolicyLossConfig:
     ce_gppo_beta_high: float = option(
         PUBLISHED.ce_gppo_beta_high,
         "ce_gppo: gradient scale of samples clipped above 1 + eps with A > 0 (CE-GPPO authors' default)",
+    )
+    ce_gppo_dual_clip: float = option(
+        PUBLISHED.ce_gppo_dual_clip,
+        "ce_gppo: samples with A < 0 and a ratio above this keep the value c A and no gradient (dual clip, as in "
+        "the CE-GPPO authors' code; 0: off)",
     )
     cispo_eps_low: float = option(
         PUBLISHED.cispo_eps_low,
@@ -663,6 +673,11 @@ def _validate_policy_loss(policy: PolicyLossConfig) -> None:
     for name in ("sapo_tau_pos", "sapo_tau_neg"):
         if getattr(policy, name) <= 0:
             raise ConfigError(f"--{name}={getattr(policy, name)} must be positive")
+    if policy.ce_gppo_dual_clip != 0 and policy.ce_gppo_dual_clip <= 1:
+        raise ConfigError(
+            f"--ce_gppo_dual_clip={policy.ce_gppo_dual_clip} must be above 1 (it bounds ratios above the clip "
+            "range), or 0 to turn it off"
+        )
     if not 0 <= policy.cispo_eps_low <= 1:
         raise ConfigError(f"--cispo_eps_low={policy.cispo_eps_low} must be in [0, 1] (1: no lower bound)")
 

@@ -56,6 +56,7 @@ def test_shipped_preset_found_by_name(tmp_path):
         (["--advantage=grpo", "--task_group_size=4", "--async_rl=false"], "use --async_rl=true"),
         (["--sapo_tau_neg=0"], "--sapo_tau_neg=0.0 must be positive"),
         (["--cispo_eps_low=1.5"], "--cispo_eps_low=1.5 must be in [0, 1]"),
+        (["--ce_gppo_dual_clip=0.9"], "--ce_gppo_dual_clip=0.9 must be above 1"),
     ],
 )
 def test_invalid_values_raise_one_line_errors(tmp_path, args, message):

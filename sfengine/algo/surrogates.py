@@ -7,7 +7,8 @@ V-trace paths alike, and the diagnostics can ask each sample's gradient on its o
     soft_clip  -r A sg(c),  c = (1 / max(r, 1/r))^alpha                 no hard cut: extreme ratios damped
     sapo       -f(r) A,  f(r) = sigmoid(tau (r - 1)) 4 / tau            tau_pos for A > 0, tau_neg for A < 0
     ce_gppo    ppo_clip's value; where it clips, the gradient stays, scaled by beta_low (1 - eps) or
-               beta_high (1 + eps)
+               beta_high (1 + eps); with A < 0 the objective is bounded below by c A (dual clip), so a stale
+               sample with r > c stops pushing
     cispo      -sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi         the gradient always flows through log pi
 
 A new surrogate is one function ``fn(ratio, advantages, log_probs, params) -> Surrogate`` and one
@@ -32,6 +33,7 @@ class SurrogateParams(NamedTuple):
     sapo_tau_neg: float = 1.05  # and a slightly steeper gate for A < 0
     ce_gppo_beta_low: float = 0.75  # CE-GPPO (Kuaishou Klear, 2025): gradient kept below the range, A < 0
     ce_gppo_beta_high: float = 1.0  # and above it, A > 0
+    ce_gppo_dual_clip: float = 3.0  # the authors' code bounds A < 0 samples at r = 3 (dual-clip PPO); 0: off
     cispo_eps_low: float = 1.0  # CISPO (MiniMax-M1, arXiv 2506.13585): no lower bound on the weight ...
     cispo_eps_high: float = 0.28  # ... and an upper one at 1.28
 
@@ -95,6 +97,11 @@ def ce_gppo(ratio: Tensor, advantages: Tensor, log_probs: Tensor, p: SurrogatePa
     kept_below = low * advantages * (1.0 + p.ce_gppo_beta_low * (grad_of_log_pi - 1.0))
     kept_above = high * advantages * (1.0 + p.ce_gppo_beta_high * (grad_of_log_pi - 1.0))
     objective = torch.where(below, kept_below, torch.where(above, kept_above, ratio * advantages))
+    if p.ce_gppo_dual_clip > 0:
+        # Without it, r A with A < 0 grows without bound in r: a sample that policy lag or the epochs drove far
+        # above the range pushes its probability down harder the more it already moved.
+        bounded = torch.max(objective, p.ce_gppo_dual_clip * advantages)
+        objective = torch.where(advantages < 0, bounded, objective)
     return Surrogate(-objective, low, high)
 
 

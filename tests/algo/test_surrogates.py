@@ -69,6 +69,17 @@ def test_ce_gppo_keeps_ppos_value_and_a_scaled_gradient_where_ppo_clips():
     assert grads == pytest.approx([-0.5 * 1.2, 1.5, -0.5, 0.75 * 0.8, -2.2])
 
 
+def test_ce_gppo_dual_clip_bounds_negative_advantages_far_above_the_range():
+    # A < 0 at r = 2 (under c = 3): PPO's -r A with its gradient; at r = 4: the value c |A| and no gradient. A > 0
+    # far above the range keeps its scaled gradient: the dual clip is for A < 0 only.
+    losses, grads, _ = surrogate("ce_gppo", [2.0, 4.0, 4.0], [-1.0, -1.0, 1.0])
+    assert losses == pytest.approx([2.0, 3.0, -1.2])
+    assert grads == pytest.approx([2.0, 0.0, -1.2])
+    # Off (0), the r = 4 sample pushes with -r A = 4.
+    losses, grads, _ = surrogate("ce_gppo", [4.0], [-1.0], ce_gppo_dual_clip=0.0)
+    assert (losses, grads) == (pytest.approx([4.0]), pytest.approx([4.0]))
+
+
 def test_cispo_weights_log_pi_by_the_clipped_detached_ratio():
     losses, grads, _ = surrogate("cispo", [2.0, 0.5, 1.1], [1.0, -1.0, 2.0])
     # Published default: no lower bound (eps_low 1), upper 1 + 0.28.
