@@ -73,11 +73,6 @@ class SamplerConfig:
         "percent where the CPU has native bf16 (AVX512-BF16, AMX). The learner always trains in float32",
         ("float32", "bfloat16"),
     )
-    worker_cpu_affinity: bool = option(
-        False,
-        "pin rollout worker w to core w (wrapping over the cores the run may use; ranks on one machine take "
-        "consecutive blocks); inference workers and the learner stay free",
-    )
     rollout: int = option(32, "env steps per trajectory handed to the learner")
     serial_mode: bool = option(False, "run every component on one event loop in one process (debugging, tiny machines)")
     async_rl: bool = option(

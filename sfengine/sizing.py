@@ -37,18 +37,6 @@ class Machine:
         return cls(max(cores // ranks_on_machine, 1), available_gb / ranks_on_machine)
 
 
-def pin_to_one_core(index: int) -> int | None:
-    """Pin the calling process to the ``index``-th (wrapping) of the cores it may run on, and return that core;
-    None where the platform cannot pin. A pinned rollout worker keeps its simulators' working set in one core's
-    caches instead of following the scheduler from core to core when inference or the learner wakes up."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    cores = sorted(os.sched_getaffinity(0))
-    core = cores[index % len(cores)]
-    os.sched_setaffinity(0, {core})
-    return core
-
-
 # sizer(cfg, machine, tasks, evaluation) sets the options of cfg still at AUTO and returns the reason for the
 # choice, in a few words. evaluation: the layout is for sfengine.evaluate, whose envs keep to one task at a time.
 Sizer = Callable[[Config, Machine, TaskInfo | None, bool], str]

@@ -30,7 +30,6 @@ from sfengine.evaluation.episode_queue import SINGLE_TASK, SharedEpisodeQueue
 from sfengine.evaluation.video import EpisodeVideo, EvalOutput
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.messages import EpisodeStats, InferenceRequest, TrajectoriesReady, WorkerReport
-from sfengine.sizing import pin_to_one_core
 from sfengine.spaces import ActionSpec, obs_as_dict
 from sfengine.task_sequence import SharedTaskSequence, single_task_group_seed
 
@@ -107,10 +106,6 @@ class RolloutWorker(Component):
     def on_start(self) -> None:
         torch.set_num_threads(1)
         cfg = self.cfg
-        if cfg.sampler.worker_cpu_affinity and not cfg.sampler.serial_mode:  # serial: one process runs everything
-            rank = RankInfo.from_environment()
-            local_rank = rank.rank % rank.local_world_size
-            pin_to_one_core(local_rank * cfg.sampler.num_workers + self.worker)
         traj = self.buffers.trajectories
         self.traj = traj.numpy_views()
         self.obs_np = {key: t.numpy() for key, t in traj.obs.items()}

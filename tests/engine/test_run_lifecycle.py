@@ -378,19 +378,6 @@ def test_a_dead_worker_fails_the_run_cleanly_and_names_it(train_dir):
     assert list((train_dir / "crash" / "checkpoints").glob("checkpoint_*.pt"))  # the learner still saved
 
 
-def test_worker_cpu_affinity_pins_each_rollout_worker_to_its_own_core(train_dir):
-    process = start_long_training(train_dir, "pinned", "--worker_cpu_affinity=true")
-    allowed = sorted(os.sched_getaffinity(0))
-    components = {child.name(): child for child in psutil.Process(process.pid).children(recursive=True)}
-    pinned = [components[f"sfe-rollout-{w}"].cpu_affinity() for w in range(2)]
-    assert pinned == [[allowed[w % len(allowed)]] for w in range(2)]  # worker w on core w, wrapping
-    assert components["sfe-inference-0"].cpu_affinity() == allowed  # the rest stay free
-    assert components["sfe-learner"].cpu_affinity() == allowed
-    process.send_signal(signal.SIGINT)
-    output = process.communicate(timeout=120)[0]
-    assert process.returncode == 0, output
-
-
 def test_second_sigint_forces_the_exit_and_leaves_no_process(train_dir):
     shm_before = shm_entries()
     process = start_long_training(train_dir, "forced")

@@ -35,13 +35,12 @@ def test_cartpole_reaches_400_within_300k_steps(train_dir, mode):
 
 @pytest.mark.parametrize("clip_mode", ["soft_clip", "sapo", "ce_gppo", "cispo"])
 def test_cartpole_learns_with_each_clip_mode_and_logs_its_diagnostics(train_dir, clip_mode):
-    # ppo_clip, the default, is the test above. Each mode with its published parameters. The claim is that each
-    # learns: its return crosses 400 within the budget. Whether it then holds 500 is the mode's own business (sapo
-    # at its published temperatures, chosen for LLM fine-tuning, keeps little trust region at this preset's
-    # learning rate: in 1 of 4 seeds it fell back after reaching 500).
-    result = run_train(
-        train_dir, clip_mode, "--cfg=cartpole", "--train_for_env_steps=300000", f"--clip_mode={clip_mode}"
-    )
+    # ppo_clip, the default, is the test above. Each mode with its published parameters, at the learning rate a
+    # user needs for them: they come from LLM fine-tuning, where a batch moves the ratio little, and keep little or
+    # no trust region; at the preset's 1e-3, ce_gppo and cispo fell to a return of 9 in 4 of 4 seeds. At 3e-4 all
+    # four crossed 400 after 125-295k steps and ended at 500 (seeds 4-6). Asserted: the crossing, within 500k.
+    args = ["--cfg=cartpole", "--learning_rate=3e-4", "--train_for_env_steps=500000", f"--clip_mode={clip_mode}"]
+    result = run_train(train_dir, clip_mode, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, clip_mode)
     curves = read_scalars(train_dir / clip_mode)
