@@ -125,8 +125,9 @@ def ratio_diagnostics(ratio: Tensor, log_ratio: Tensor, surrogate: Surrogate, sa
     stats = {
         "clip_fraction": float(((ratio < surrogate.low) | (ratio > surrogate.high)).float().mean()),
         "dead_grad_fraction": float((sample_grads == 0).float().mean()),
-        # (sum r)^2 / (N sum r^2): 1 when every ratio is equal, 1/N when one sample carries all the weight.
-        "ess": float(ratio.sum() ** 2 / (n * ratio.pow(2).sum()).clamp_min(1e-30)),
+        # (sum r)^2 / (N sum r^2): 1 when every ratio is equal, 1/N when one sample carries all the weight. In
+        # float64: float32 sums of ratios near 1 round it to 1.0000004 now and then.
+        "ess": float(ratio.double().sum() ** 2 / (n * ratio.double().pow(2).sum()).clamp_min(1e-300)),
         # (r - 1) - log r is a non-negative, low-variance estimator of KL(old || new).
         "approx_kl": float(((ratio - 1.0) - log_ratio).mean()),
         "ratio_min": float(ratio.min()),

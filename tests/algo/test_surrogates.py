@@ -128,3 +128,14 @@ def test_sapo_reports_its_saturated_gates_and_other_modes_do_not():
     sapo = ppo_loss(log_probs, advantages=advantages, clip_mode="sapo", **common)
     assert sapo.diagnostics["sapo_saturated_fraction"] == pytest.approx(0.5)
     assert "sapo_saturated_fraction" not in ppo_loss(log_probs, advantages=advantages, **common).diagnostics
+
+
+def test_ess_of_ratios_near_one_never_exceeds_one():
+    # (sum r)^2 <= N sum r^2 (Cauchy-Schwarz); summed in float32, ratios within 1e-4 of 1 came out above 1 in 28 of
+    # these 100 batches.
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        ratio = 1 + 1e-4 * torch.randn(512, generator=generator)
+        result = policy_surrogate("ppo_clip", ratio, torch.ones(512), ratio.log(), SurrogateParams())
+        stats = ratio_diagnostics(ratio, ratio.log(), result, torch.ones(512))
+        assert 0 < stats["ess"] <= 1
