@@ -84,7 +84,13 @@ def main() -> None:
         one_rank = run_engine([*cartpole, "--num_workers=2"], False, args, Path(tmp), experiment="one_rank")
         torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m")
         two_ranks = run_engine(
-            [*cartpole, "--num_workers=1"], False, args, Path(tmp), (*torchrun, "sfengine.train"), "two_ranks"
+            [*cartpole, "--num_workers=1"],
+            False,
+            args,
+            Path(tmp),
+            (*torchrun, "sfengine.train"),
+            "two_ranks",
+            stop_after_window=False,
         )
         rows["1 rank x 2 workers"].append(one_rank)
         rows["2 ranks x 1 worker"].append(two_ranks)

@@ -32,6 +32,8 @@ Engine FPS comes from the status lines (every 2 s). The engine's start-up lasts 
 steps (at most ``--startup`` seconds); the window runs from the first line ``--warmup`` seconds after it to the
 line ``--seconds`` later. Steps count when a training batch reaches the learner, so the resolution is one
 training batch: for slow envs, use a long --seconds or a small --batch_size. The key figure is sampling / limit.
+An engine row ends (SIGINT, the engine's clean stop) at the first status line after its window, so a generous
+--startup costs nothing once the engine is up.
 
 Memory is peak RSS, sampled every 0.5 s: of the largest env process (a limit worker, an engine ``sfe-rollout-*``
 process; per env = that / num_envs_per_worker) and summed over all processes of the row (the limit's workers, the
@@ -255,6 +257,15 @@ def status_window(stdout: str, warmup: float, seconds: float) -> tuple[float, fl
     return startup, t0, steps0, t1, steps1
 
 
+def window_complete(stdout: str, warmup: float, seconds: float) -> bool:
+    """Whether a status line came after the window's last one: later lines cannot change the measurement."""
+    times = [float(m[1]) for m in map(STATUS_LINE.match, stdout.splitlines()) if m]
+    if not times:
+        return False
+    _, t0, *_ = status_window(stdout, warmup, seconds)
+    return math.isfinite(t0) and times[-1] > t0 + seconds + REPORT_EVERY_SEC / 2
+
+
 def run_engine(
     train_args: list[str],
     benchmark: bool,
@@ -263,9 +274,14 @@ def run_engine(
     launcher: tuple[str, ...] = (sys.executable, "-m", "sfengine.train"),
     experiment: str | None = None,
     source: Path | None = None,
+    stop_after_window: bool = True,
 ) -> dict:
     """One engine row: ``launcher`` (the train entry point, or torchrun in front of it) with ``train_args``.
-    ``args`` holds the timing: seconds, warmup and startup. ``source``: run the engine of another checkout."""
+    ``args`` holds the timing: seconds, warmup and startup. ``source``: run the engine of another checkout.
+
+    ``stop_after_window``: a SIGINT ends the run as soon as the window is measured, instead of at the end of the
+    whole start-up allowance (minutes on LIBERO). Pass False for a launcher that does not exit 0 on SIGINT
+    (torchrun)."""
     experiment = experiment or ("sampling" if benchmark else "training")
     # The extra report intervals leave room for a status line a full --seconds after the first one.
     run_seconds = args.startup + args.warmup + args.seconds + 2 * REPORT_EVERY_SEC
@@ -289,7 +305,8 @@ def run_engine(
     try:
         with ProcessSampler(engine_tree, lambda p: p.name().startswith(ENGINE_ENV_PROCESS)) as sampler:
             env = None if source is None else {**os.environ, "PYTHONPATH": str(source / PACKAGE_LINKS)}
-            run = run_and_measure(command, timeout=run_seconds + 600, env=env, cwd=source)
+            done = (lambda stdout: window_complete(stdout, args.warmup, args.seconds)) if stop_after_window else None
+            run = run_and_measure(command, timeout=run_seconds + 600, env=env, cwd=source, interrupt_when=done)
             ended = time.monotonic()
     except subprocess.TimeoutExpired:
         for process in engine_tree():
