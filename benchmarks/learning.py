@@ -5,7 +5,8 @@
     python -m benchmarks.learning --systems=sfengine --device=cuda  # the learner on a GPU (rows "sfengine-cuda")
 
 Systems (each with its own recommended settings for these envs):
-- ``sfengine``: ``--cfg=mujoco`` (configs/mujoco.yaml), the whole engine: rollout workers, inference, learner.
+- ``sfengine``: the env's own preset where one ships (``--cfg=halfcheetah``, built on ``mujoco``), else
+  ``--cfg=mujoco``; the whole engine: rollout workers, inference, learner.
 - ``sb3``: Stable-Baselines3 PPO with the RL Zoo's tuned hyperparameters (``benchmarks/peer_sb3.py``).
 - ``cleanrl``: CleanRL's ``ppo_continuous_action`` (``benchmarks/peer_cleanrl.py``).
 
@@ -34,6 +35,8 @@ PEERS = {"sb3": "benchmarks.peer_sb3", "cleanrl": "benchmarks.peer_cleanrl"}
 # CleanRL's published ppo_continuous_action returns at 1M steps (3 seeds, MuJoCo v4): the bar.
 CLEANRL_PUBLISHED = {"HalfCheetah-v5": (1442.6, 46.0), "Hopper-v5": (2382.9, 271.7)}
 RETURN_TAG = "episodes/episode_return_mean"
+# sfengine's preset per env, as the RL Zoo tunes per env; envs not named run --cfg=mujoco.
+SFENGINE_PRESETS = {"HalfCheetah-v5": "halfcheetah"}
 COLORS = {"sfengine": "tab:blue", "sfengine-cuda": "tab:cyan", "sb3": "tab:orange", "cleanrl": "tab:green"}
 
 
@@ -49,7 +52,8 @@ def run_sfengine(env: str, seed: int, env_steps: int, out: Path, device: str, ex
     system = "sfengine" if device == "cpu" else f"sfengine-{device}"
     with tempfile.TemporaryDirectory(prefix="sfengine_learning_") as train_dir:
         experiment = f"{env}_seed{seed}"
-        command = [sys.executable, "-m", "sfengine.train", "--cfg=mujoco", f"--env={env}", f"--seed={seed}"]
+        preset = SFENGINE_PRESETS.get(env, "mujoco")
+        command = [sys.executable, "-m", "sfengine.train", f"--cfg={preset}", f"--env={env}", f"--seed={seed}"]
         command += [f"--train_for_env_steps={env_steps}", f"--device={device}", f"--train_dir={train_dir}"]
         command += [f"--experiment={experiment}", "--report_every_sec=5", "--restart_behavior=overwrite", *extra]
         print(" ".join(command), flush=True)

@@ -459,15 +459,26 @@ def env_defaults_preset(env_name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def load_preset(path_or_name: str) -> dict[str, Any]:
-    path = resolve_preset(path_or_name)
+def load_preset(path_or_name: str, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The options of a preset. ``base: <preset>`` in it starts from another preset (a shipped name or a path
+    relative to this one), whose options it then overrides: ``configs/halfcheetah.yaml`` is ``base: mujoco`` and
+    the few settings that env wants on top."""
+    path = resolve_preset(path_or_name).resolve()
+    if path in _seen:
+        raise ConfigError(
+            f"--cfg={path}: its base presets form a cycle ({' -> '.join(p.name for p in _seen)}); remove one base"
+        )
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"--cfg={path}: invalid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--cfg={path}: a preset must be a mapping of option: value")
-    return data
+    if "base" not in data:
+        return data
+    base = str(data.pop("base"))
+    relative = path.parent / base
+    return {**load_preset(str(relative) if relative.is_file() else base, (*_seen, path)), **data}
 
 
 def preset_help() -> str:

@@ -20,6 +20,18 @@ def test_preset_overrides_defaults_and_command_line_overrides_preset(tmp_path):
     assert cfg.learner.gamma == 0.99  # default
 
 
+def test_preset_with_a_base_starts_from_it_and_overrides_it(tmp_path):
+    (tmp_path / "own.yaml").write_text("base: mujoco\nenv: Hopper-v5\ninitial_log_std: -2.0\n")
+    cfg = parse_config([f"--cfg={tmp_path / 'own.yaml'}", "--num_epochs=3", f"--train_dir={tmp_path}"])
+    assert cfg.model.actor_critic == "separate"  # from the shipped base
+    assert cfg.model.initial_log_std == -2.0  # the preset over its base
+    assert cfg.learner.num_epochs == 3  # the command line over both
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")  # a base path is relative to the preset naming it
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="form a cycle .*remove one base"):
+        parse_config([f"--cfg={tmp_path / 'a.yaml'}", f"--train_dir={tmp_path}"])
+
+
 def test_shipped_preset_found_by_name(tmp_path):
     cfg = parse_config(["--cfg=cartpole", f"--train_dir={tmp_path}"])
     assert cfg.env.env == "CartPole-v1"
@@ -111,6 +123,14 @@ def test_continuous_control_preset_runs_the_reference_ppo_shape(tmp_path):
     cfg = parse_config(["--cfg=mujoco", "--env=Hopper-v5", f"--train_dir={tmp_path}"])
     assert cfg.model.actor_critic == "separate" and cfg.model.normalize_returns
     assert (cfg.learner.num_epochs, cfg.samples_per_training_batch, cfg.learner.entropy_coeff) == (10, 2048, 0.0)
+    # HalfCheetah's preset is that one with a narrower start and twice the optimiser steps per sample.
+    cheetah = parse_config(["--cfg=halfcheetah", f"--train_dir={tmp_path}"])
+    assert cheetah.env.env == "HalfCheetah-v5" and cheetah.model.actor_critic == "separate"
+    assert (cheetah.model.initial_log_std, cheetah.samples_per_training_batch, cheetah.learner.batch_size) == (
+        -1.5,
+        1024,
+        256,
+    )
 
 
 def test_env_options_are_saved_with_the_run_and_kept_on_resume(tmp_path):

@@ -186,7 +186,9 @@ class PPOTrainer:
 
     def _clip_gradients(self) -> float:
         max_norm = self.cfg.learner.max_grad_norm
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        # The optimiser's own list: walking the module tree for it every minibatch took 4% of a 64-64 MLP's step.
+        # Parameters without a gradient (None) are skipped by the clip.
+        params = self.optimizer.param_groups[0]["params"]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
         return float(norm)
 

@@ -190,3 +190,18 @@ def test_an_on_policy_update_starts_at_ratio_one(monkeypatch):
     trainer.train(batch, LEARNER_VERSION, env_steps=0)
     assert torch.allclose(ratios[0], torch.ones_like(ratios[0]), rtol=0, atol=1e-6), ratios[0]
     assert not torch.allclose(ratios[-1], torch.ones_like(ratios[-1]), atol=1e-3)  # and the update moved on
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.01, 0.0])
+def test_gradients_are_clipped_to_max_grad_norm_before_the_step_and_zero_turns_it_off(max_grad_norm):
+    trainer = make_trainer(max_grad_norm=max_grad_norm)
+    stats = trainer.train(bandit_batch(), LEARNER_VERSION, env_steps=0)
+    # The gradients of the last minibatch are still on the parameters: what the optimiser stepped with.
+    stepped = torch.linalg.vector_norm(
+        torch.stack([p.grad.norm() for p in trainer.model.parameters() if p.grad is not None])
+    )
+    assert stats["grad_norm"] > 0.05  # the norm before the clip, far above 0.01
+    if max_grad_norm:
+        assert float(stepped) == pytest.approx(max_grad_norm, rel=1e-3)
+    else:
+        assert float(stepped) > 0.05
