@@ -31,10 +31,16 @@ class Component(EventLoopObject):
     waits for room, and fails loudly if none comes, rather than losing a buffer id.
     """
 
+    # Inboxes of processes that were killed (a hung component): never written again. A process stopped or killed
+    # inside a queue operation keeps the queue's shared lock forever, and a put would then wait on it for good.
+    abandoned_inboxes: list = []  # the queues themselves: an id() could be reused by a later queue
+
     def emit_many(self, signal_: str, list_of_args: Iterable[tuple]) -> None:
         messages = tuple((self.object_id, signal_, args) for args in list_of_args)
         receivers = self.send_signals_to.get(signal_, ())
         for queue in {id(q): q for q in (self.receiver_queues[r] for r in receivers)}.values():
+            if any(queue is abandoned for abandoned in self.abandoned_inboxes):
+                continue
             try:
                 queue.put_many(messages, block=True, timeout=EMIT_TIMEOUT_SEC)
             except Full:

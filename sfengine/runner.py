@@ -263,6 +263,7 @@ class Runner(Component):
             pass  # it died meanwhile: nothing to print, the stop below still applies
         log.error("%s (hung?); its stack is above; stopping the run (--hang_timeout_sec)", description)
         process.kill()
+        Component.abandoned_inboxes.append(process.event_loop.signal_queue)
         self.request_stop(f"hung: {component}", exit_code=1)
 
     def _status(self) -> None:
