@@ -38,9 +38,10 @@ def test_cartpole_learns_with_each_clip_mode_and_logs_its_diagnostics(train_dir,
     # ppo_clip, the default, is the test above. Each mode with its published parameters, at the learning rate a
     # user needs for them: they come from LLM fine-tuning, where a batch moves the ratio little, and keep little or
     # no trust region; at the preset's 1e-3, ce_gppo and cispo fell to a return of 9 in 4 of 4 seeds. At 3e-4 all
-    # four crossed 400 within 125-320k steps (seeds 4-6; ce_gppo and cispo also 7-12). ce_gppo keeps a gradient outside the range, and policy
-    # lag adds to that drift: asynchronous, it collapsed to 9 in 1 of 6 seeds after crossing and once in CI before
-    # crossing; synchronous, 6 of 6 crossed at 135-275k and ended at 500. Asserted: the crossing, within 450k.
+    # four crossed 400 within 125-320k steps (seeds 4-6; ce_gppo and cispo also 7-12). ce_gppo keeps a gradient
+    # outside the range, and policy lag adds to that drift: asynchronous, it collapsed to 9 in 1 of 6 seeds after
+    # crossing and once in CI before crossing; synchronous, 6 of 6 crossed at 135-275k and ended at 500. Asserted:
+    # the crossing, within 450k.
     args = ["--cfg=cartpole", "--learning_rate=3e-4", "--train_for_env_steps=450000", f"--clip_mode={clip_mode}"]
     if clip_mode == "ce_gppo":
         args.append("--async_rl=false")
