@@ -7,7 +7,7 @@ caller's [B, T] batch was flattened.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -15,15 +15,30 @@ from torch import Tensor
 from sfengine.algo.surrogates import SurrogateParams, policy_surrogate, ratio_diagnostics
 
 
-class PPOLoss(NamedTuple):
+class PPOLoss:
     """Scalar tensors. Only ``loss`` is meant for ``backward()``; the rest, and ``diagnostics`` (the ratio's
-    statistics, :func:`ratio_diagnostics`), are for logging."""
+    statistics, :func:`ratio_diagnostics`), are for logging.
 
-    loss: Tensor
-    policy_loss: Tensor
-    value_loss: Tensor
-    entropy: Tensor
-    diagnostics: dict[str, float]
+    ``diagnostics`` is computed when first read. Read after ``loss.backward()``, it takes each sample's gradient
+    from that pass; read before, it asks autograd for them on a detached copy (a second, small backward pass)."""
+
+    def __init__(
+        self,
+        loss: Tensor,
+        policy_loss: Tensor,
+        value_loss: Tensor,
+        entropy: Tensor,
+        diagnose: Callable[[], dict[str, float]],
+    ):
+        self.loss, self.policy_loss, self.value_loss, self.entropy = loss, policy_loss, value_loss, entropy
+        self._diagnose = diagnose
+        self._diagnostics: dict[str, float] | None = None
+
+    @property
+    def diagnostics(self) -> dict[str, float]:
+        if self._diagnostics is None:
+            self._diagnostics = self._diagnose()
+        return self._diagnostics
 
 
 def ppo_loss(
@@ -79,9 +94,21 @@ def ppo_loss(
     mean_entropy = entropy.mean()
     # The entropy is a bonus: subtracting it means minimizing the loss keeps the policy exploratory.
     loss = policy_loss + value_loss_coeff * value_loss - entropy_coeff * mean_entropy
-    sample_grads = per_sample_gradients(clip_mode, log_probs, old_log_probs, advantages, params)
-    diagnostics = ratio_diagnostics(ratio.detach(), log_ratio.detach(), surrogate, sample_grads)
-    return PPOLoss(loss, policy_loss, value_loss, mean_entropy, diagnostics)
+    # backward() hands this hook the loss's gradient with respect to each log-prob: the policy loss's alone (the
+    # value and entropy terms do not read log_probs), the per-sample surrogate gradient divided by N, exactly 0
+    # where the surrogate cut the sample off. The dead-gradient statistic then needs no backward pass of its own.
+    from_backward: list[Tensor] = []
+    if log_probs.requires_grad:
+        log_probs.register_hook(from_backward.append)
+
+    def diagnose() -> dict[str, float]:
+        if from_backward:
+            sample_grads = from_backward[0]
+        else:
+            sample_grads = per_sample_gradients(clip_mode, log_probs, old_log_probs, advantages, params)
+        return ratio_diagnostics(ratio.detach(), log_ratio.detach(), surrogate, sample_grads)
+
+    return PPOLoss(loss, policy_loss, value_loss, mean_entropy, diagnose)
 
 
 def per_sample_gradients(

@@ -86,17 +86,29 @@ class PPOTrainer:
                 # after a run of failures is then not thousands of stds away); the value head is rescaled with
                 # them, so no prediction moves.
                 self.model.update_return_normalizer(returns, self.group.sum)
-            flat_advantages, flat_returns = advantages.reshape(-1), returns.reshape(-1)
-            for idx in torch.randperm(num_traj * horizon).chunk(cfg.num_batches_per_epoch):
-                minibatch_advantages = flat_advantages[idx]
+            # The critic's loss and its clip are in normalised return units (plain units without normalisation).
+            # The statistics are fixed for the rest of the update, so the anchors and targets convert once.
+            normalized = self.model.normalized_values
+            if epoch == 0 or with_vtrace:
+                value_anchors = (normalized(old_values), normalized(returns.reshape(-1)))
+            # One shuffle per epoch; the minibatches are its consecutive slices. The small per-sample tensors are
+            # gathered once per epoch (the slices are then views), the observations, which may be images, per
+            # minibatch.
+            order = torch.randperm(num_traj * horizon)
+            shuffled = (flat_actions[order], old_log_probs[order], advantages.reshape(-1)[order])
+            shuffled_anchors = tuple(anchor[order] for anchor in value_anchors)
+            size = -(-len(order) // cfg.num_batches_per_epoch)  # as order.chunk() splits it
+            for start in range(0, len(order), size):
+                part = slice(start, start + size)
+                actions, minibatch_old_log_probs, minibatch_advantages = (t[part] for t in shuffled)
                 if cfg.normalize_advantage:
                     minibatch_advantages = normalize_advantages(minibatch_advantages)
                 self._step(
-                    {key: obs[idx] for key, obs in flat_obs.items()},
-                    flat_actions[idx],
-                    old_log_probs[idx],
+                    {key: obs[order[part]] for key, obs in flat_obs.items()},
+                    actions,
+                    minibatch_old_log_probs,
                     minibatch_advantages,
-                    (old_values[idx], flat_returns[idx]),
+                    tuple(anchor[part] for anchor in shuffled_anchors),
                 )
 
         # The observation statistics move only after the update: during it the model sees its inputs as the acting
@@ -146,16 +158,12 @@ class PPOTrainer:
         advantages: Tensor,
         value_anchors: tuple[Tensor, Tensor] | None = None,
     ) -> None:
-        """One optimiser step on a minibatch. ``value_anchors``: the acting critic's values and the value targets
-        (None without a critic)."""
+        """One optimiser step on a minibatch. ``value_anchors``: the acting critic's values and the value targets,
+        both in the critic's normalised units (None without a critic)."""
         cfg = self.cfg.learner
-        params, values = self.model(obs)
+        params, values = self.model(obs, in_critic_units=True)
         log_probs, entropy = self.model.log_prob_entropy(params, actions)
-        value_terms: tuple[Tensor | None, ...] = (None, None, None)
-        if value_anchors is not None:
-            # The critic's loss and its clip are in normalised return units (plain units without normalisation).
-            normalized = self.model.normalized_values
-            value_terms = (normalized(values), normalized(value_anchors[0]), normalized(value_anchors[1]))
+        value_terms = (None, None, None) if value_anchors is None else (values, *value_anchors)
         losses = ppo_loss(
             log_probs,
             old_log_probs,

@@ -261,8 +261,9 @@ class ActorCritic(nn.Module):
         """Values or returns in the units the critic learns in (unchanged without return normalisation)."""
         return values if self.return_normalizer is None else self.return_normalizer.normalize(values)
 
-    def forward(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """obs: dict of [N, ...] tensors -> (policy parameters [N, P], values [N] in return units)."""
+    def forward(self, obs: dict[str, Tensor], in_critic_units: bool = False) -> tuple[Tensor, Tensor]:
+        """obs: dict of [N, ...] tensors -> (policy parameters [N, P], values [N] in return units, or in the units
+        the critic learns in with ``in_critic_units``: what the learner's value loss compares)."""
         inputs = {key: obs[key] for key in self.image_keys}
         if self.vector_keys:
             vector = self._vector(obs)
@@ -272,7 +273,7 @@ class ActorCritic(nn.Module):
             return self.policy_head(features), features.new_zeros(features.shape[0])
         value_features = features if self.value_encoders is None else self._encode(self.value_encoders, inputs)
         values = self.value_head(value_features).squeeze(-1)
-        if self.return_normalizer is not None:
+        if self.return_normalizer is not None and not in_critic_units:
             values = self.return_normalizer.denormalize(values)
         return self.policy_head(features), values
 

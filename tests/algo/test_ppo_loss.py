@@ -7,6 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from sfengine.algo import explained_variance, normalize_advantages, ppo_loss
+from sfengine.algo.surrogates import SURROGATES
 
 
 def loss_with(**overrides):
@@ -110,6 +111,38 @@ def test_clip_fraction_and_approx_kl_statistics():
     # A = +1: ratio 2 is clipped (no gradient), 0.5 is not (min picks r A), the two at 1 are inside
     assert result.diagnostics["dead_grad_fraction"] == pytest.approx(0.25)
     assert (result.diagnostics["ratio_min"], result.diagnostics["ratio_max"]) == pytest.approx((0.5, 2.0))
+
+
+@pytest.mark.parametrize("clip_mode", sorted(SURROGATES))
+def test_statistics_read_after_backward_agree_with_those_read_before(clip_mode):
+    # After backward() the per-sample gradients come from that pass (a hook on log_probs), before it from a
+    # separate one: a trainer reads them after, the tests above before. The dead-gradient fraction must not care.
+    generator = torch.Generator().manual_seed(3)
+    log_ratio = 0.5 * torch.randn(256, generator=generator)
+    advantages = torch.randn(256, generator=generator)
+    advantages[:16] = 0.0  # no gradient in any mode
+
+    def losses():
+        log_probs = (log_ratio - 1.0).requires_grad_()
+        return loss_with(
+            log_probs=log_probs,
+            old_log_probs=torch.full((256,), -1.0),
+            advantages=advantages,
+            values=None,
+            old_values=None,
+            value_targets=None,
+            entropy=torch.zeros(256),
+            clip_mode=clip_mode,
+        )
+
+    before = losses().diagnostics
+    after_backward = losses()
+    after_backward.loss.backward()
+    after = after_backward.diagnostics
+    assert after == pytest.approx(before)
+    assert after["dead_grad_fraction"] >= 16 / 256
+    if clip_mode == "ppo_clip":  # about a third of these ratios lie outside [0.8, 1.2] on the helpful side
+        assert 0.2 < after["dead_grad_fraction"] < 0.5
 
 
 def test_without_a_critic_the_value_loss_is_zero():

@@ -64,7 +64,7 @@ def test_train_takes_num_epochs_times_num_batches_per_epoch_steps_over_every_sam
     step, forward = trainer.optimizer.step, trainer.model.forward
     # Spies: they count, then call the real method.
     trainer.optimizer.step = lambda *args, **kwargs: (steps.append(1), step(*args, **kwargs))[1]
-    trainer.model.forward = lambda obs: (rows_seen.append(len(obs["obs"])), forward(obs))[1]
+    trainer.model.forward = lambda obs, **kwargs: (rows_seen.append(len(obs["obs"])), forward(obs, **kwargs))[1]
     trainer.train(batch, LEARNER_VERSION, env_steps=0)
     assert len(steps) == 3 * 4
     # Every minibatch is a quarter of the T real steps of all trajectories; the bootstrap entry is never a sample.
