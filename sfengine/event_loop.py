@@ -39,7 +39,7 @@ class Component(EventLoopObject):
         messages = tuple((self.object_id, signal_, args) for args in list_of_args)
         receivers = self.send_signals_to.get(signal_, ())
         for queue in {id(q): q for q in (self.receiver_queues[r] for r in receivers)}.values():
-            if any(queue is abandoned for abandoned in self.abandoned_inboxes):
+            if self.abandoned_inboxes and any(queue is abandoned for abandoned in self.abandoned_inboxes):
                 continue
             try:
                 queue.put_many(messages, block=True, timeout=EMIT_TIMEOUT_SEC)

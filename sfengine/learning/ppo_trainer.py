@@ -88,8 +88,8 @@ class PPOTrainer:
                 self.model.update_return_normalizer(returns, self.group.sum)
             # The critic's loss and its clip are in normalised return units (plain units without normalisation).
             # The statistics are fixed for the rest of the update, so the anchors and targets convert once.
-            normalized = self.model.normalized_values
             if epoch == 0 or with_vtrace:
+                normalized = self.model.normalized_values
                 value_anchors = (normalized(old_values), normalized(returns.reshape(-1)))
             # One shuffle per epoch; the minibatches are its consecutive slices. The small per-sample tensors are
             # gathered once per epoch (the slices are then views), the observations, which may be images, per
