@@ -124,6 +124,12 @@ class AdvantageConfig:
     dynamic_sampling: bool = option(
         False, "rloo/grpo: drop groups whose outcomes are all equal (they carry no signal); counted and reported"
     )
+    recompute_advantages: bool = option(
+        False,
+        "gae: recompute the values, advantages and value targets with the learner's current critic before every "
+        "epoch, instead of once from the values the acting policy wrote (costs one critic pass over the batch per "
+        "epoch)",
+    )
 
     @property
     def critic_free(self) -> bool:

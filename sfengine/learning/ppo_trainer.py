@@ -76,11 +76,18 @@ class PPOTrainer:
         old_values = batch.values[:, steps].reshape(-1)
 
         with_vtrace = self.cfg.advantage.advantage == "vtrace"
-        if not with_vtrace:
-            advantages, returns = gae(rewards, batch.values, *episode_ends, cfg.gamma, cfg.gae_lambda)
+        # Targets that follow the critic as it learns: V-trace always, GAE with --recompute_advantages.
+        per_epoch_targets = with_vtrace or self.cfg.advantage.recompute_advantages
         for epoch in range(cfg.num_epochs):
             if with_vtrace:
                 advantages, returns = self._vtrace_targets(batch, rewards, episode_ends)
+            elif per_epoch_targets:
+                # The current critic, not the acting one: in asynchronous runs the values the acting policy wrote are
+                # several versions old, and within an update the critic moves every epoch.
+                values = self._current_values(batch)
+                advantages, returns = gae(rewards, values, *episode_ends, cfg.gamma, cfg.gae_lambda)
+            elif epoch == 0:
+                advantages, returns = gae(rewards, batch.values, *episode_ends, cfg.gamma, cfg.gae_lambda)
             if epoch == 0:
                 # The return statistics include this batch's targets before the critic fits them (a first success
                 # after a run of failures is then not thousands of stds away); the value head is rescaled with
@@ -88,7 +95,7 @@ class PPOTrainer:
                 self.model.update_return_normalizer(returns, self.group.sum)
             # The critic's loss and its clip are in normalised return units (plain units without normalisation).
             # The statistics are fixed for the rest of the update, so the anchors and targets convert once.
-            if epoch == 0 or with_vtrace:
+            if epoch == 0 or per_epoch_targets:
                 normalized = self.model.normalized_values
                 value_anchors = (normalized(old_values), normalized(returns.reshape(-1)))
             # One shuffle per epoch; the minibatches are its consecutive slices. The small per-sample tensors are
@@ -201,14 +208,23 @@ class PPOTrainer:
         return float(norm)
 
     @torch.no_grad()
+    def _current_values(self, batch: TrajectoryBuffers) -> Tensor:
+        """The current critic's values, in return units, of all T + 1 entries of each trajectory: [B, T + 1]."""
+        return self.model.values(self._every_entry(batch)).view(batch.values.shape)
+
+    @staticmethod
+    def _every_entry(batch: TrajectoryBuffers) -> dict[str, Tensor]:
+        """The observations of all T + 1 entries of each trajectory, flattened: dict of [B * (T + 1), ...]."""
+        return {key: o.flatten(0, 1) for key, o in batch.obs.items()}
+
+    @torch.no_grad()
     def _vtrace_targets(
         self, batch: TrajectoryBuffers, rewards: Tensor, episode_ends: tuple[Tensor, Tensor, Tensor]
     ) -> tuple[Tensor, Tensor]:
         """V-trace targets from the current policy and critic over all T + 1 entries of each trajectory."""
         cfg = self.cfg.learner
         num_traj, entries = batch.values.shape
-        obs = {key: o.reshape(num_traj * entries, *o.shape[2:]) for key, o in batch.obs.items()}
-        params, values = self.model(obs)
+        params, values = self.model(self._every_entry(batch))
         actions = batch.actions.reshape(num_traj * entries, *batch.actions.shape[2:])
         log_probs, _ = self.model.log_prob_entropy(params, actions)
         log_rhos = (log_probs.view(num_traj, entries) - batch.log_probs)[:, :-1]

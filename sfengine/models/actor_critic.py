@@ -264,18 +264,33 @@ class ActorCritic(nn.Module):
     def forward(self, obs: dict[str, Tensor], in_critic_units: bool = False) -> tuple[Tensor, Tensor]:
         """obs: dict of [N, ...] tensors -> (policy parameters [N, P], values [N] in return units, or in the units
         the critic learns in with ``in_critic_units``: what the learner's value loss compares)."""
-        inputs = {key: obs[key] for key in self.image_keys}
-        if self.vector_keys:
-            vector = self._vector(obs)
-            inputs[self.vector_name] = self.normalizers[self.vector_name](vector) if self.normalizers else vector
+        inputs = self._inputs(obs)
         features = self._encode(self.encoders, inputs)
         if self.value_head is None:
             return self.policy_head(features), features.new_zeros(features.shape[0])
         value_features = features if self.value_encoders is None else self._encode(self.value_encoders, inputs)
+        return self.policy_head(features), self._values(value_features, in_critic_units)
+
+    def values(self, obs: dict[str, Tensor]) -> Tensor:
+        """The critic alone: obs dict of [N, ...] tensors -> values [N] in return units. With separate trunks the
+        actor is not run (the learner's per-epoch targets need only this)."""
+        inputs = self._inputs(obs)
+        encoders = self.encoders if self.value_encoders is None else self.value_encoders
+        return self._values(self._encode(encoders, inputs), in_critic_units=False)
+
+    def _inputs(self, obs: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The encoders' inputs: image keys as they are, the vector keys side by side and normalised."""
+        inputs = {key: obs[key] for key in self.image_keys}
+        if self.vector_keys:
+            vector = self._vector(obs)
+            inputs[self.vector_name] = self.normalizers[self.vector_name](vector) if self.normalizers else vector
+        return inputs
+
+    def _values(self, value_features: Tensor, in_critic_units: bool) -> Tensor:
         values = self.value_head(value_features).squeeze(-1)
         if self.return_normalizer is not None and not in_critic_units:
             values = self.return_normalizer.denormalize(values)
-        return self.policy_head(features), values
+        return values
 
     def _encode(self, encoders: nn.ModuleDict, inputs: dict[str, Tensor]) -> Tensor:
         parts = [encoders[name](inputs[name]) for name in self.input_names]

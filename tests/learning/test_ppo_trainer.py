@@ -205,3 +205,39 @@ def test_gradients_are_clipped_to_max_grad_norm_before_the_step_and_zero_turns_i
         assert float(stepped) == pytest.approx(max_grad_norm, rel=1e-3)
     else:
         assert float(stepped) > 0.05
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_recompute_advantages_takes_values_and_targets_from_the_current_critic_every_epoch(monkeypatch, recompute):
+    trainer, batch = make_trainer(), bandit_batch()
+    trainer.cfg.advantage.recompute_advantages = recompute
+    batch.values[:] = 7.0  # what a stale acting critic wrote: far from anything the learner's critic predicts
+    gae_calls, loss_targets = [], []
+    real_gae, real_loss = ppo_trainer.gae, ppo_trainer.ppo_loss
+
+    def recording_gae(rewards, values, *args):  # spies: record, then compute the real thing
+        with torch.no_grad():
+            _, critic_now = trainer.model({"obs": batch.obs["obs"].flatten(0, 1)})
+        advantages, returns = real_gae(rewards, values, *args)
+        gae_calls.append((values.clone(), critic_now.view(values.shape), returns.clone()))
+        return advantages, returns
+
+    def recording_loss(*args, **kwargs):
+        loss_targets.append(args[5].detach().clone())  # the value targets, in the critic's units
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(ppo_trainer, "gae", recording_gae)
+    monkeypatch.setattr(ppo_trainer, "ppo_loss", recording_loss)
+    trainer.train(batch, LEARNER_VERSION, env_steps=0)
+
+    epochs, minibatches = trainer.cfg.learner.num_epochs, trainer.cfg.learner.num_batches_per_epoch
+    if not recompute:  # once, from the values the acting policy wrote
+        assert len(gae_calls) == 1 and torch.equal(gae_calls[0][0], batch.values)
+        return
+    assert len(gae_calls) == epochs
+    for epoch, (values, critic_now, returns) in enumerate(gae_calls):
+        assert torch.allclose(values, critic_now, atol=1e-6), epoch
+        epoch_targets = torch.cat(loss_targets[epoch * minibatches : (epoch + 1) * minibatches])
+        expected = trainer.model.normalized_values(returns.reshape(-1))
+        assert torch.allclose(epoch_targets.sort().values, expected.sort().values, atol=1e-5), epoch
+    assert not torch.allclose(gae_calls[0][0], gae_calls[-1][0], atol=1e-3)  # the critic moved between epochs
