@@ -21,8 +21,9 @@ start-up before the first env step, envs built and reset, is not counted in eith
     training  (with --with_training) the same run with the PPO update.
     <row>@<ref>  (with --baseline_ref=<git revision>) the sampling (and training) rows run from a checkout of
               that revision, each just before its own row: the before/after figures of an engine change, taken
-              side by side on the same machine state. With --repeats=N each engine row runs N times, the
-              baseline's and the current one's alternating, and reports the median (every run in fps_runs).
+              side by side on the same machine state.
+    With --repeats=N every row above runs N times, the rows in turn (limits, then engine rows, N rounds), and
+    reports its median run (every run in fps_runs): the ratios then come from medians that saw the same drift.
     sample_factory  (with --sf_python=<its venv's python>) Sample Factory 2.1.1, same layout and PPO sizes
               (benchmarks/sample_factory_baseline.py; CartPole-v1 only).
     diy       (with --with_diy) gymnasium's AsyncVectorEnv and a synchronous PPO loop of the same sizes
@@ -472,7 +473,7 @@ def main() -> None:
         "--baseline_ref", default=None, help="also run the engine rows from this git revision (before/after)"
     )
     parser.add_argument(
-        "--repeats", type=int, default=1, help="runs of each engine row (alternating with the baseline's); median"
+        "--repeats", type=int, default=1, help="runs of every row, the limits included, in turn; each row's median"
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory of the result files")
     parser.add_argument("--tag", default=None, help="result file suffix (default: obs mode and workers x envs)")
@@ -490,25 +491,30 @@ def main() -> None:
             print(sizing, flush=True)
         # Every row runs the layout chosen here, once.
         train_args += [f"--{name}={cfg.get(name)}" for name in chosen]
-        rows = {}
+        limits = {"limit": cfg}
         if args.with_stock_step:
             stock = copy.deepcopy(cfg)
             stock.set("libero_fast_step", False)
-            rows["limit_stock_step"] = run_limit(stock, args.warmup, args.seconds)
-            print(f"limit_stock_step: {json.dumps(rows['limit_stock_step'])}", flush=True)
-        rows["limit"] = run_limit(cfg, args.warmup, args.seconds)
-        print(f"limit: {json.dumps(rows['limit'])}", flush=True)
+            limits = {"limit_stock_step": stock, **limits}
         with contextlib.ExitStack() as stack:
             sources = {"": None}
             if args.baseline_ref is not None:
                 sources = {f"@{args.baseline_ref}": stack.enter_context(checkout_of(args.baseline_ref)), **sources}
-            for name, benchmark in [("sampling", True), ("training", False)][: 2 if args.with_training else 1]:
-                runs: dict[str, list[dict]] = {f"{name}{suffix}": [] for suffix in sources}
-                for _ in range(args.repeats):  # alternating, so that both see the same drift of the machine
-                    for row, source in zip(runs, sources.values()):
-                        runs[row].append(run_engine(train_args, benchmark, args, train_dir, source=source))
-                        print(f"{row}: {json.dumps(runs[row][-1])}", flush=True)
-                rows.update({row: median_run(measured) for row, measured in runs.items()})
+            engine_rows = [
+                (f"{name}{suffix}", benchmark, source)
+                for name, benchmark in [("sampling", True), ("training", False)][: 2 if args.with_training else 1]
+                for suffix, source in sources.items()
+            ]
+            runs: dict[str, list[dict]] = {row: [] for row in [*limits, *(row for row, _, _ in engine_rows)]}
+            # Every row once per repeat, limits included, so that each median sees the same drift of the machine.
+            for _ in range(args.repeats):
+                for row, limit_cfg in limits.items():
+                    runs[row].append(run_limit(limit_cfg, args.warmup, args.seconds))
+                    print(f"{row}: {json.dumps(runs[row][-1])}", flush=True)
+                for row, benchmark, source in engine_rows:
+                    runs[row].append(run_engine(train_args, benchmark, args, train_dir, source=source))
+                    print(f"{row}: {json.dumps(runs[row][-1])}", flush=True)
+            rows = {row: median_run(measured) for row, measured in runs.items()}
         if args.sf_python:
             rows["sample_factory"] = run_sample_factory_row(args.sf_python, cfg, args, train_dir / "sf")
             print(f"sample_factory: {json.dumps(rows['sample_factory'])}", flush=True)
