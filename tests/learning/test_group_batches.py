@@ -122,12 +122,14 @@ def test_dynamic_sampling_drops_uniform_groups_and_counts_them(tmp_path, train_d
     # A random policy succeeds about 17% of the time: about half the groups of 4 fail all four.
     args = [*LAYOUT, "--group_outcome=success", "--dynamic_sampling=true"]
     batches, result = run_recorded(tmp_path, train_dir, *args)
-    trained = check_whole_groups(batches)
+    check_whole_groups(batches)
     for batch in batches:
         for outcomes in batch["outcomes"]:
             assert len(set(outcomes)) > 1, outcomes  # no uniform group is trained on
-    dropped = sum(batch["dropped"].get("uniform", 0) for batch in batches)
-    assert dropped >= len(trained) / 4, (dropped, len(trained))
+    # Judged on the first batch, gathered by the first policy: over the whole run the policy learns, uniform groups
+    # grow rarer, and how fast depends on the machine's timing (a run had dropped 14 against 82 trained groups).
+    first_dropped, first_trained = batches[0]["dropped"].get("uniform", 0), len(batches[0]["groups"])
+    assert first_dropped >= first_trained / 4, (first_dropped, first_trained)
     # The dropped groups' steps still count as env steps.
     assert sum(batch["env_steps"] for batch in batches) > sum(len(batch["obs"]) for batch in batches)
     assert "groups dropped" in result.stdout
