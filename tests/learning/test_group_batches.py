@@ -119,19 +119,20 @@ def test_batches_are_whole_groups_of_one_assignment_none_split_or_lost(tmp_path,
 
 
 def test_dynamic_sampling_drops_uniform_groups_and_counts_them(tmp_path, train_dir):
-    # A random policy succeeds about 17% of the time: about half the groups of 4 fail all four.
-    args = [*LAYOUT, "--group_outcome=success", "--dynamic_sampling=true"]
+    # The untrained policy's groups of 4 come out uniform (all four fail or all succeed) about one time in five: a run
+    # drops 10-19 groups against 52-56 trained. A learning rate of 1e-9 keeps the policy as it starts for the whole
+    # run, so that share does not depend on how far it learned by the time each batch was gathered.
+    args = [*LAYOUT, "--group_outcome=success", "--dynamic_sampling=true", "--learning_rate=1e-9"]
     batches, result = run_recorded(tmp_path, train_dir, *args)
     check_whole_groups(batches)
     for batch in batches:
         for outcomes in batch["outcomes"]:
             assert len(set(outcomes)) > 1, outcomes  # no uniform group is trained on
-    # Judged on the first batch, gathered by the first policy: over the whole run the policy learns, uniform groups
-    # grow rarer, and how fast depends on the machine's timing (a run had dropped 14 against 82 trained groups).
-    first_dropped, first_trained = batches[0]["dropped"].get("uniform", 0), len(batches[0]["groups"])
-    assert first_dropped >= first_trained / 4, (first_dropped, first_trained)
-    # The dropped groups' steps still count as env steps.
-    assert sum(batch["env_steps"] for batch in batches) > sum(len(batch["obs"]) for batch in batches)
+    dropped = sum(batch["dropped"].get("uniform", 0) for batch in batches)
+    assert dropped >= 3, dropped
+    # The dropped groups' steps still count as env steps: 4 episodes of 1 to 40 steps each per dropped group.
+    dropped_steps = sum(batch["env_steps"] - len(batch["obs"]) for batch in batches)
+    assert GROUP_SIZE * dropped <= dropped_steps <= GROUP_SIZE * 40 * dropped, (dropped_steps, dropped)
     assert "groups dropped" in result.stdout
 
 
