@@ -36,6 +36,7 @@ from sfengine.evaluation.evaluator import run_evaluation
 from sfengine.evaluation.report import EvalReport
 from sfengine.evaluation.video import EvalOutput
 from sfengine.event_loop import configure_logging
+from sfengine.inference.numpy_policy import choose_inference_backend
 from sfengine.messages import EpisodeStats
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         machine = Machine.here(ranks.local_world_size)
         sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks, machine, evaluation=True)
         model, state = load_policy(cfg, checkpoint, obs_spec, action_spec)
+        choose_inference_backend(cfg, model)
         pairs = evaluated_init_states(tasks, cfg.eval.eval_tasks, cfg.eval.eval_init_states) if tasks else None
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"sfengine.evaluate: error: {exc}", file=sys.stderr)

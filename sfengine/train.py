@@ -18,6 +18,7 @@ from sfengine.config import Config, ConfigError, check_group_layout, env_default
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.event_loop import configure_logging
+from sfengine.inference.numpy_policy import choose_inference_backend
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo, task_info
 from sfengine.progress import start_block
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resuming '{cfg.run.experiment}' from {list_checkpoints(cfg.experiment_dir)[-1]}", flush=True)
         resume_state = prepare_experiment_dir(cfg, ranks)
         model = build_model(cfg, obs_spec, action_spec, resume_state)
+        choose_inference_backend(cfg, model)  # --inference_backend=numpy on a policy it cannot run: say so here
     except (ConfigError, CheckpointError) as exc:
         print(f"sfengine.train: error: {exc}", file=sys.stderr)
         return 2

@@ -5,6 +5,9 @@
 
 Requests carry only the split row; buffer ids and the step come from the shared SplitState. Before each batch
 the worker checks the shared policy version and pulls new weights when the learner has published some.
+
+The policy runs in numpy (``NumpyPolicy``) where it is MLPs over vector observations on CPU, and in torch
+otherwise (``--inference_backend``): at inference batch sizes torch's per-op overhead, not arithmetic, is the cost.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from signal_slot.signal_slot import Timer, signal
 from sfengine.buffers import POLICY_FIELDS, SharedBuffers, SharedWeights
 from sfengine.config import Config
 from sfengine.event_loop import Component, stop_own_loop
+from sfengine.inference.numpy_policy import NumpyPolicy, choose_inference_backend
 from sfengine.messages import InferenceReport, InferenceRequest
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
@@ -55,6 +59,9 @@ class InferenceWorker(Component):
         self.model = ActorCritic.for_config(self.cfg, self.obs_spec, self.action_spec).to(self.device)
         self.model.for_inference(getattr(torch, self.cfg.sampler.inference_dtype)).eval()
         self.version = self.weights.pull(self.model)
+        self.numpy_policy = None
+        if choose_inference_backend(self.cfg, self.model) == "numpy":
+            self.numpy_policy = NumpyPolicy(self.model, seed=self.cfg.env.seed * 1_000_003 + self.index)
         self.splits_per_worker = self.cfg.sampler.worker_num_splits
         traj = self.buffers.trajectories
         self.entries_per_buffer = self.cfg.sampler.rollout + 1
@@ -62,6 +69,7 @@ class InferenceWorker(Component):
         # The per-batch bookkeeping goes through numpy views of the shared tensors: an index or a write costs
         # about 1 us there against 3-20 us through torch's dispatcher, and a batch does a dozen of them.
         self.flat_outputs_np = {name: getattr(traj, name).flatten(0, 1).numpy() for name in POLICY_FIELDS}
+        self.flat_obs_np = {key: t.numpy() for key, t in self.flat_obs.items()}
         self.split_ids_np = self.buffers.splits.buffer_ids.numpy()
         self.split_step_np = self.buffers.splits.step.numpy()
         self.published_version_np = self.weights.version.numpy()
@@ -82,25 +90,17 @@ class InferenceWorker(Component):
         requests, self.pending = self.pending, []
         if self.published_version_np[0] != self.version:
             self.version = self.weights.pull(self.model)
-        splits = self.buffers.splits
+            if self.numpy_policy is not None:
+                self.numpy_policy.refresh()
         rows = [r.split_row for r in requests]
         # Entry (buffer, t) of the trajectory storage, flattened: one gather and one write per field.
         flat_np = (self.split_ids_np[rows] * self.entries_per_buffer + self.split_step_np[rows][:, None]).ravel()
-        flat = torch.from_numpy(flat_np)
-        out_fields = self.flat_outputs_np
-        with torch.inference_mode():
-            obs = {key: t.index_select(0, flat).to(self.device) for key, t in self.flat_obs.items()}
-            out = self.model.act(obs, self.deterministic)
-            out_fields["actions"][flat_np] = out.actions.cpu().numpy()
-            out_fields["log_probs"][flat_np] = out.log_probs.cpu().numpy()
-            out_fields["values"][flat_np] = out.values.cpu().numpy()
-            out_fields["versions"][flat_np] = self.version
-            truncated_rows = [r.split_row for r in requests if r.needs_final_values]
-            if truncated_rows:
-                # Rare (episode ends by time limit): value the final observations of those splits' envs.
-                final = {key: t[truncated_rows].flatten(0, 1).to(self.device) for key, t in splits.final_obs.items()}
-                _, final_values = self.model(final)
-                splits.final_values[truncated_rows] = final_values.cpu().view(len(truncated_rows), -1)
+        truncated_rows = [r.split_row for r in requests if r.needs_final_values]
+        if self.numpy_policy is not None:
+            self._act_numpy(flat_np, truncated_rows)
+        else:
+            self._act_torch(flat_np, truncated_rows)
+        self.flat_outputs_np["versions"][flat_np] = self.version
         ready_by_worker: dict[int, list[tuple[int]]] = {}
         for request in requests:
             worker, split = divmod(request.split_row, self.splits_per_worker)
@@ -110,6 +110,32 @@ class InferenceWorker(Component):
         self.busy_sec += time.perf_counter() - started
         self.requests += len(requests)
         self.batches += 1
+
+    def _act_torch(self, flat_np, truncated_rows: list[int]) -> None:
+        flat, out_fields, splits = torch.from_numpy(flat_np), self.flat_outputs_np, self.buffers.splits
+        with torch.inference_mode():
+            obs = {key: t.index_select(0, flat).to(self.device) for key, t in self.flat_obs.items()}
+            out = self.model.act(obs, self.deterministic)
+            out_fields["actions"][flat_np] = out.actions.cpu().numpy()
+            out_fields["log_probs"][flat_np] = out.log_probs.cpu().numpy()
+            out_fields["values"][flat_np] = out.values.cpu().numpy()
+            if truncated_rows:
+                # Rare (episode ends by time limit): value the final observations of those splits' envs.
+                final = {key: t[truncated_rows].flatten(0, 1).to(self.device) for key, t in splits.final_obs.items()}
+                _, final_values = self.model(final)
+                splits.final_values[truncated_rows] = final_values.cpu().view(len(truncated_rows), -1)
+
+    def _act_numpy(self, flat_np, truncated_rows: list[int]) -> None:
+        out_fields, splits = self.flat_outputs_np, self.buffers.splits
+        out = self.numpy_policy.act({key: a[flat_np] for key, a in self.flat_obs_np.items()}, self.deterministic)
+        out_fields["actions"][flat_np] = out.actions
+        out_fields["log_probs"][flat_np] = out.log_probs
+        out_fields["values"][flat_np] = out.values
+        if truncated_rows:
+            final = {key: t[truncated_rows].flatten(0, 1).numpy() for key, t in splits.final_obs.items()}
+            splits.final_values[truncated_rows] = torch.from_numpy(self.numpy_policy.values(final)).view(
+                len(truncated_rows), -1
+            )
 
     def _send_report(self) -> None:
         now = time.perf_counter()
