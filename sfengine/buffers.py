@@ -11,7 +11,12 @@ next buffer):
     truncated,
     truncation_values,
     episode_positions,
-    outcomes            [num_buffers, T+1]           written by the rollout worker
+    outcomes,
+    chunk_steps         [num_buffers, T+1]           written by the rollout worker
+
+With action chunks (``--action_chunk=K``) an entry is one chunk: its observation is the chunk's first, its action
+the K env actions, its reward their discounted sum, and ``chunk_steps`` the env steps it took (K, or fewer where the
+episode ended inside it; 1 without chunks).
 
 Split state, one row per (worker, split), tells the inference worker where a split's current step lives:
 
@@ -64,6 +69,7 @@ class TrajectoryBuffers:
     # the episode was dropped, as when its env failed).
     episode_positions: Tensor
     outcomes: Tensor
+    chunk_steps: Tensor  # env steps each entry took: 1, or up to K with --action_chunk=K
 
     @classmethod
     def allocate(
@@ -83,6 +89,7 @@ class TrajectoryBuffers:
             truncation_values=alloc(steps, torch.float32),
             episode_positions=alloc(steps, torch.int64),
             outcomes=alloc(steps, torch.float32),
+            chunk_steps=alloc(steps, torch.int64),
         )
 
     def tensors(self) -> dict[str, Tensor]:

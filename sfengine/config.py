@@ -206,6 +206,13 @@ class ModelConfig:
         "the critic learns returns scaled by their running mean and std, so no env needs a hand-set --reward_scale "
         "(sparse 0/1 successes and returns of thousands alike); the value clip is then in units of that std",
     )
+    action_chunk: int = option(
+        1,
+        "actions the policy emits per inference request (continuous actions): the env steps through the chunk, then "
+        "the policy sees the next observation, as VLA policies act (pi0: 5-10). A trajectory entry is one chunk: "
+        "--rollout and --batch_size count chunks, rewards inside a chunk are summed with discounting, and gamma "
+        "applies per env step",
+    )
 
 
 @dataclass
@@ -610,6 +617,13 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must not be negative")
     _validate_policy_loss(cfg.policy_loss)
     _validate_advantage(cfg)
+    if cfg.model.action_chunk < 1:
+        raise ConfigError(f"--action_chunk={cfg.model.action_chunk} must be at least 1 (1: one action per request)")
+    if cfg.model.action_chunk > 1 and cfg.advantage.critic_free:
+        raise ConfigError(
+            f"--action_chunk={cfg.model.action_chunk} with --advantage={cfg.advantage.advantage}: group batches of "
+            "action chunks are not built yet; use --advantage=gae or vtrace with chunks"
+        )
     if any(width < 1 for width in cfg.model.hidden_sizes) or not cfg.model.hidden_sizes:
         raise ConfigError(f"--hidden_sizes={cfg.model.hidden_sizes}: give positive layer widths, e.g. 64,64")
     if run.train_for_env_steps < 1:

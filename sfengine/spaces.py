@@ -32,9 +32,15 @@ class ActionSpec:
 
     discrete: bool
     num_actions: int = 0
-    dim: int = 0
+    dim: int = 0  # with chunks: the whole chunk's, chunk x the env's action dim
     low: tuple[float, ...] = ()
     high: tuple[float, ...] = ()
+    chunk: int = 1  # env actions per policy output (--action_chunk), laid out one after the other
+
+    @property
+    def env_dim(self) -> int:
+        """The env's own action dimension (one action of a chunk)."""
+        return self.dim // self.chunk
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -72,15 +78,22 @@ def obs_spec_from_space(space: gym.Space) -> ObsSpec:
     return ObsSpec(shapes, dtypes)
 
 
-def action_spec_from_space(space: gym.Space) -> ActionSpec:
+def action_spec_from_space(space: gym.Space, chunk: int = 1) -> ActionSpec:
+    """The policy's action: one env action, or with ``chunk`` > 1 (Box only) ``chunk`` of them side by side."""
     if isinstance(space, gym.spaces.Discrete):
+        if chunk > 1:
+            raise UnsupportedSpaceError(
+                f"--action_chunk={chunk} needs a continuous (Box) action space; this env's is {space}: use "
+                "--action_chunk=1"
+            )
         return ActionSpec(discrete=True, num_actions=int(space.n))
     if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
         return ActionSpec(
             discrete=False,
-            dim=int(space.shape[0]),
-            low=tuple(float(x) for x in space.low),
-            high=tuple(float(x) for x in space.high),
+            dim=int(space.shape[0]) * chunk,
+            low=tuple(float(x) for x in space.low) * chunk,
+            high=tuple(float(x) for x in space.high) * chunk,
+            chunk=chunk,
         )
     raise UnsupportedSpaceError(
         f"action space {space} is not supported; sfengine supports Discrete and 1-D Box actions"

@@ -57,7 +57,11 @@ def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, Ta
         # Groups are batched whole, so their size in samples must be known: take the env's own step limit.
         cfg.env.max_episode_steps = episode_step_limit(env)
     try:
-        return obs_spec_from_space(env.observation_space), action_spec_from_space(env.action_space), task_info(env)
+        return (
+            obs_spec_from_space(env.observation_space),
+            action_spec_from_space(env.action_space, cfg.model.action_chunk),
+            task_info(env),
+        )
     except UnsupportedSpaceError as exc:
         raise ConfigError(f"env '{cfg.env.env}': {exc}") from None
     finally:

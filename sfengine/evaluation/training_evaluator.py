@@ -132,25 +132,33 @@ class TrainingEvaluator(Component):
             actions = self.model.act(batch, self.cfg.eval.eval_deterministic).actions.numpy()
         if not self.action_spec.discrete:
             actions = np.clip(actions, self.low, self.high)
+        chunk = self.action_spec.chunk
         for action, i in zip(actions, active):
-            try:
-                obs, reward, terminated, truncated, info = self.envs[i].step(action)
-            except Exception:  # noqa: BLE001  (as in reset: the episode is dropped, the env rebuilt)
-                self._replace_failed_env(i, "step")
-                self._next_episode(i)
-                continue
-            self.returns[i] += reward
-            self.lengths[i] += 1
-            self.obs[i] = obs_as_dict(obs)
-            if terminated or truncated:
-                episode = self.playing[i]
-                success = float(info.get("success", info.get("is_success", np.nan)))
-                self.finished.append(
-                    EpisodeStats(
-                        float(self.returns[i]), int(self.lengths[i]), success, episode.task, episode.init_state
-                    )
-                )
-                self._next_episode(i)
+            # A chunk's env actions one after the other; an episode that ends inside it drops the rest.
+            for env_action in action.reshape(chunk, -1) if chunk > 1 else (action,):
+                if not self._step_env(i, env_action):
+                    break
+
+    def _step_env(self, i: int, action: np.ndarray) -> bool:
+        """One env step of env i; False when its episode ended (the next one has begun)."""
+        try:
+            obs, reward, terminated, truncated, info = self.envs[i].step(action)
+        except Exception:  # noqa: BLE001  (as in reset: the episode is dropped, the env rebuilt)
+            self._replace_failed_env(i, "step")
+            self._next_episode(i)
+            return False
+        self.returns[i] += reward
+        self.lengths[i] += 1
+        self.obs[i] = obs_as_dict(obs)
+        if terminated or truncated:
+            episode = self.playing[i]
+            success = float(info.get("success", info.get("is_success", np.nan)))
+            self.finished.append(
+                EpisodeStats(float(self.returns[i]), int(self.lengths[i]), success, episode.task, episode.init_state)
+            )
+            self._next_episode(i)
+            return False
+        return True
 
     def _replace_failed_env(self, i: int, call: str) -> None:
         log.exception("evaluator env %d: %s failed; rebuilding it and dropping its episode", i, call)

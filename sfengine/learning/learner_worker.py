@@ -154,7 +154,7 @@ class LearnerWorker(Component):
         if isinstance(batch, GroupBatch):
             samples = batch.env_steps  # the batch's steps and those of the groups dropped since the last one
         else:
-            samples = batch.rewards.shape[0] * (batch.rewards.shape[1] - 1)
+            samples = int(batch.chunk_steps[:, :-1].sum())  # env steps: one per entry, or per action of a chunk
         # An empty group batch only counts the env steps of dropped groups (--dynamic_sampling): nothing to train.
         # The ranks' updates all-reduce gradients step by step, so then no rank updates this round.
         trainable = not (isinstance(batch, GroupBatch) and batch.num_groups == 0)

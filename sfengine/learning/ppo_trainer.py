@@ -27,6 +27,8 @@ from sfengine.models.actor_critic import ActorCritic
 class PPOTrainer:
     def __init__(self, model: ActorCritic, cfg: Config, group: LearnerGroup | None = None):
         self.model, self.cfg = model, cfg
+        # One trajectory entry per decision: with --action_chunk=K, K env steps (each discounted by gamma) apart.
+        self.gamma = cfg.learner.gamma**cfg.model.action_chunk
         self.group = group or LearnerGroup(RankInfo(), torch.device("cpu"))  # the ranks, in a multi-rank run
         self.optimizer = torch.optim.Adam(
             model.parameters(), lr=cfg.learner.learning_rate, eps=cfg.learner.adam_eps, fused=True
@@ -85,9 +87,9 @@ class PPOTrainer:
                 # The current critic, not the acting one: in asynchronous runs the values the acting policy wrote are
                 # several versions old, and within an update the critic moves every epoch.
                 values = self._current_values(batch)
-                advantages, returns = gae(rewards, values, *episode_ends, cfg.gamma, cfg.gae_lambda)
+                advantages, returns = gae(rewards, values, *episode_ends, self.gamma, cfg.gae_lambda)
             elif epoch == 0:
-                advantages, returns = gae(rewards, batch.values, *episode_ends, cfg.gamma, cfg.gae_lambda)
+                advantages, returns = gae(rewards, batch.values, *episode_ends, self.gamma, cfg.gae_lambda)
             if epoch == 0:
                 # The return statistics include this batch's targets before the critic fits them (a first success
                 # after a run of failures is then not thousands of stds away); the value head is rescaled with
@@ -230,6 +232,6 @@ class PPOTrainer:
         log_rhos = (log_probs.view(num_traj, entries) - batch.log_probs)[:, :-1]
         values = values.view(num_traj, entries)
         value_targets, pg_advantages = vtrace(
-            rewards, values, *episode_ends, log_rhos, cfg.gamma, rho_clip=cfg.vtrace_rho, c_clip=cfg.vtrace_c
+            rewards, values, *episode_ends, log_rhos, self.gamma, rho_clip=cfg.vtrace_rho, c_clip=cfg.vtrace_c
         )
         return pg_advantages, value_targets

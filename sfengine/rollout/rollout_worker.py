@@ -48,6 +48,7 @@ class SplitRunner:
         self.episode_returns = np.zeros(len(envs), dtype=np.float64)
         self.episode_lengths = np.zeros(len(envs), dtype=np.int64)
         self.truncated_envs: list[int] = []  # envs whose final obs awaits V(final_obs)
+        self.truncation_scales = np.ones(len(envs))  # and the factor that value takes (chunks cut short: gamma^-k)
         self.tasks = np.full(len(envs), -1, dtype=np.int64)  # the task each env is playing (multi-task envs)
         self.init_states = np.full(len(envs), -1, dtype=np.int64)  # and its init state (evaluation: or seed)
         self.positions = np.full(len(envs), -1, dtype=np.int64)  # group advantages: each episode's sequence position
@@ -119,6 +120,7 @@ class RolloutWorker(Component):
             self.action_low = np.asarray(self.action_spec.low, dtype=np.float32)
             self.action_high = np.asarray(self.action_spec.high, dtype=np.float32)
         self.rollout = cfg.sampler.rollout
+        self.chunk, self.gamma = self.action_spec.chunk, cfg.learner.gamma
 
         envs_per_split = cfg.envs_per_split
         for split in range(cfg.sampler.worker_num_splits):
@@ -183,7 +185,8 @@ class RolloutWorker(Component):
             # V(final obs) of episodes truncated at step t-1 bootstraps their last reward.
             prev = t - 1
             for i in split.truncated_envs:
-                self.traj["truncation_values"][ids[i], prev] = self.final_values_np[split.row, i]
+                value = self.final_values_np[split.row, i] * split.truncation_scales[i]
+                self.traj["truncation_values"][ids[i], prev] = value
             split.truncated_envs = []
         if t == self.rollout:
             if not self._finish_rollout(split):
@@ -197,44 +200,53 @@ class RolloutWorker(Component):
         actions = self.traj["actions"][ids, t]
         if not self.action_spec.discrete:
             actions = np.clip(actions, self.action_low, self.action_high)
-        rewards = np.empty(len(ids), dtype=np.float32)
+            if self.chunk > 1:
+                actions = actions.reshape(len(ids), self.chunk, -1)  # [env, the chunk's env actions in order]
+        rewards = np.zeros(len(ids), dtype=np.float32)
         terminated = np.zeros(len(ids), dtype=bool)
         truncated = np.zeros(len(ids), dtype=bool)
+        steps = np.zeros(len(ids), dtype=np.int64)
         env_started = time.perf_counter()
         for i, env in enumerate(split.envs):
             if not split.active[i]:
                 continue  # evaluation: this env has no episode left to run
             self.stepping_env_np[split.row] = i
-            try:
-                obs, reward, term, trunc, info = env.step(actions[i])
-            except Exception:  # noqa: BLE001  (a simulator failure costs one episode, never the run)
-                obs = self._replace_failed_env(split, i, ids[i], t)
-                rewards[i], truncated[i] = 0.0, True
-                self.traj["outcomes"][ids[i], t] = math.nan  # a dropped episode: its group is dropped too
-                self._write_obs(obs, ids[i], t + 1)
-                continue
-            rewards[i] = reward
-            if i in split.videos:
-                split.videos[i].add(env.render())
-            if term or trunc:
-                terminated[i], truncated[i] = term, trunc and not term
-                self.traj["outcomes"][ids[i], t] = self._outcome(self._end_episode(split, i, float(reward), info))
-                if truncated[i]:
-                    self._keep_final_obs(split, i, obs_as_dict(obs))
-                obs = self._reset_env(split, i)
-                if obs is None:
-                    continue  # evaluation: the set is exhausted, and this env stops
-            else:
+            discount = 1.0
+            for j in range(self.chunk):
+                steps[i] = j + 1
+                try:
+                    obs, reward, term, trunc, info = env.step(actions[i, j] if self.chunk > 1 else actions[i])
+                except Exception:  # noqa: BLE001  (a simulator failure costs one episode, never the run)
+                    obs = self._replace_failed_env(split, i, ids[i], t)
+                    rewards[i], truncated[i] = 0.0, True
+                    self.traj["outcomes"][ids[i], t] = math.nan  # a dropped episode: its group is dropped too
+                    break
+                # A chunk's reward is what its steps earn, discounted to its first step.
+                rewards[i] += discount * reward
+                discount *= self.gamma
+                if i in split.videos:
+                    split.videos[i].add(env.render())
+                if term or trunc:
+                    terminated[i], truncated[i] = term, trunc and not term
+                    self.traj["outcomes"][ids[i], t] = self._outcome(self._end_episode(split, i, float(reward), info))
+                    if truncated[i]:
+                        # The learner discounts a chunk's successor by gamma^K; one cut after j+1 steps is gamma^(j+1)
+                        # away from the final observation, so its value is scaled by gamma^(j+1-K) to match.
+                        split.truncation_scales[i] = self.gamma ** (j + 1 - self.chunk)
+                        self._keep_final_obs(split, i, obs_as_dict(obs))
+                    obs = self._reset_env(split, i)
+                    break
                 split.episode_returns[i] += reward
                 split.episode_lengths[i] += 1
-                obs = obs_as_dict(obs)
-            self._write_obs(obs, ids[i], t + 1)
+            if obs is not None:  # None: an evaluation's episode set is exhausted, and this env stops
+                self._write_obs(obs_as_dict(obs), ids[i], t + 1)
         self.stepping_env_np[split.row] = NO_ENV
         self.env_step_sec += time.perf_counter() - env_started
-        self.steps_taken += len(ids)
+        self.steps_taken += int(steps.sum())
         self.traj["rewards"][ids, t] = rewards
         self.traj["terminated"][ids, t] = terminated
         self.traj["truncated"][ids, t] = truncated
+        self.traj["chunk_steps"][ids, t] = steps
         self.traj["episode_positions"][ids, t + 1] = split.positions
         split.t = t + 1
         if split.active.any():
@@ -290,6 +302,7 @@ class RolloutWorker(Component):
         here like a time limit: the last good observation (entry t) bootstraps the value."""
         log.exception("%s: step failed; rebuilding the env and dropping its episode", self._describe(split, i))
         self.env_failures += 1
+        split.truncation_scales[i] = 1.0
         self._keep_final_obs(split, i, {key: self.obs_np[key][buffer_id, t] for key in self.obs_np})
         split.episode_returns[i] = 0.0
         split.episode_lengths[i] = 0

@@ -26,8 +26,9 @@ LEARNER_VERSION = 10
 BOOTSTRAP_OBS = 1000.0  # far from every real observation, so statistics that include it are visibly off
 
 
-def make_trainer(**learner_options) -> PPOTrainer:
+def make_trainer(action_chunk: int = 1, **learner_options) -> PPOTrainer:
     cfg = Config()
+    cfg.model.action_chunk = action_chunk
     cfg.learner.batch_size, cfg.learner.num_batches_per_epoch, cfg.learner.num_epochs = 32, 4, 3
     cfg.learner.learning_rate = 3e-3
     cfg.run.train_for_env_steps = 1000
@@ -147,8 +148,9 @@ def test_stats_report_every_loss_and_diagnostic_as_a_finite_number():
     assert stats["approx_kl"] > 0 and stats["entropy"] > 0
 
 
-@pytest.mark.parametrize("reward_scale", [0.1, 2.0])
-def test_advantages_are_gae_of_the_scaled_rewards(reward_scale):
+@pytest.mark.parametrize("reward_scale, action_chunk", [(0.1, 1), (2.0, 1), (1.0, 3)])
+def test_advantages_are_gae_of_the_scaled_rewards(reward_scale, action_chunk):
+    # With --action_chunk=K an entry is K env steps: the next entry is discounted by gamma^K.
     batch = bandit_batch()
     # Episodes that run on across steps and end both ways, so GAE here is more than reward minus value.
     generator = torch.Generator().manual_seed(2)
@@ -156,7 +158,7 @@ def test_advantages_are_gae_of_the_scaled_rewards(reward_scale):
     batch.truncation_values[:] = torch.randn(NUM_TRAJECTORIES, HORIZON + 1, generator=generator)
     batch.terminated[:] = torch.rand(NUM_TRAJECTORIES, HORIZON + 1, generator=generator) < 0.1
     batch.truncated[:] = ~batch.terminated & (torch.rand(NUM_TRAJECTORIES, HORIZON + 1, generator=generator) < 0.1)
-    stats = make_trainer(reward_scale=reward_scale).train(batch, LEARNER_VERSION, env_steps=0)
+    stats = make_trainer(action_chunk, reward_scale=reward_scale).train(batch, LEARNER_VERSION, env_steps=0)
     steps = slice(0, HORIZON)
     advantages, _ = gae(
         batch.rewards[:, steps] * reward_scale,
@@ -164,7 +166,7 @@ def test_advantages_are_gae_of_the_scaled_rewards(reward_scale):
         batch.terminated[:, steps],
         batch.truncated[:, steps],
         batch.truncation_values[:, steps],
-        gamma=0.99,
+        gamma=0.99**action_chunk,
         gae_lambda=0.95,
     )
     assert stats["advantage_mean"] == pytest.approx(float(advantages.mean()), rel=1e-5)
