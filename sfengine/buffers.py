@@ -14,6 +14,10 @@ next buffer):
     outcomes,
     chunk_steps         [num_buffers, T+1]           written by the rollout worker
 
+FlowSAR (``--algo=flow_sar``) adds what the inference worker's self-annotation writes at [buffer, t] with the
+reference policy: ``recon_errors`` [.., T+1], ``flow_times`` [.., T+1], ``flow_noise`` and ``v_old`` [.., T+1, D]
+(D = the action chunk's size; 0 in other runs, so they cost nothing there).
+
 With action chunks (``--action_chunk=K``) an entry is one chunk: its observation is the chunk's first, its action
 the K env actions, its reward their discounted sum, and ``chunk_steps`` the env steps it took (K, or fewer where the
 episode ended inside it; 1 without chunks).
@@ -42,8 +46,10 @@ from sfengine.spaces import ActionSpec, ObsSpec
 
 # Written by the inference worker at [buffer, t]; everything else in a trajectory is written by the rollout worker.
 POLICY_FIELDS = ("actions", "log_probs", "values", "versions")
+# Written by the inference worker with FlowSAR: the self-annotation of each step (sfengine.algo.flow_sar).
+ANNOTATION_FIELDS = ("recon_errors", "flow_times", "flow_noise", "v_old")
 # What entry T of a rollout hands to entry 0 of the next: the observation, its policy output, and its episode.
-CARRIED_FIELDS = (*POLICY_FIELDS, "episode_positions")
+CARRIED_FIELDS = (*POLICY_FIELDS, *ANNOTATION_FIELDS, "episode_positions")
 NO_ENV = -1  # SplitState.stepping_env when no env of the split is inside step or reset
 
 
@@ -70,13 +76,19 @@ class TrajectoryBuffers:
     episode_positions: Tensor
     outcomes: Tensor
     chunk_steps: Tensor  # env steps each entry took: 1, or up to K with --action_chunk=K
+    recon_errors: Tensor  # FlowSAR: e_i, the reference's reconstruction error of the chunk
+    flow_times: Tensor  # FlowSAR: the training point's flow time t
+    flow_noise: Tensor  # FlowSAR: its noise eps [.., D]
+    v_old: Tensor  # FlowSAR: the reference's velocity there [.., D]
 
     @classmethod
     def allocate(
-        cls, num: int, rollout: int, obs_spec: ObsSpec, action_spec: ActionSpec, shared: bool
+        cls, num: int, rollout: int, obs_spec: ObsSpec, action_spec: ActionSpec, shared: bool, annotated: bool = False
     ) -> TrajectoryBuffers:
+        """``annotated``: room for FlowSAR's self-annotation (its per-entry vectors are empty otherwise)."""
         alloc = shared_zeros if shared else (lambda shape, dtype: torch.zeros(shape, dtype=dtype))
         steps = (num, rollout + 1)
+        annotation = (action_spec.dim if annotated else 0,)
         return cls(
             obs={key: alloc(steps + shape, obs_spec.dtypes[key]) for key, shape in obs_spec.shapes.items()},
             actions=alloc(steps + action_spec.shape, action_spec.dtype),
@@ -90,6 +102,10 @@ class TrajectoryBuffers:
             episode_positions=alloc(steps, torch.int64),
             outcomes=alloc(steps, torch.float32),
             chunk_steps=alloc(steps, torch.int64),
+            recon_errors=alloc(steps, torch.float32),
+            flow_times=alloc(steps, torch.float32),
+            flow_noise=alloc(steps + annotation, torch.float32),
+            v_old=alloc(steps + annotation, torch.float32),
         )
 
     def tensors(self) -> dict[str, Tensor]:
@@ -159,7 +175,12 @@ class SharedBuffers:
         """``evaluation``: nothing is handed to a learner, so each env needs only the buffer it fills."""
         per_worker = cfg.sampler.num_envs_per_worker if evaluation else buffers_per_worker(cfg)
         trajectories = TrajectoryBuffers.allocate(
-            per_worker * cfg.sampler.num_workers, cfg.sampler.rollout, obs_spec, action_spec, shared=True
+            per_worker * cfg.sampler.num_workers,
+            cfg.sampler.rollout,
+            obs_spec,
+            action_spec,
+            shared=True,
+            annotated=cfg.flow_sar_on and not evaluation,
         )
         splits = SplitState.allocate(
             cfg.sampler.num_workers * cfg.sampler.worker_num_splits, cfg.envs_per_split, obs_spec
@@ -188,7 +209,7 @@ def buffers_per_worker(cfg: Config) -> int:
     s = cfg.sampler
     total_envs = s.num_workers * s.num_envs_per_worker
     rounds_per_batch = -(-cfg.trajectories_per_training_batch // total_envs)  # ceil
-    if not cfg.advantage.critic_free:
+    if not cfg.critic_free:
         return s.num_envs_per_worker * (1 + 2 * rounds_per_batch)
     episode_steps = cfg.env.max_episode_steps or s.rollout
     buffers_per_episode = -(-episode_steps // s.rollout) + 1
@@ -212,27 +233,38 @@ class SharedWeights:
     processes that this relies on is x86's (TSO); on weaker memory models every torch op the copy makes also
     passes through the interpreter's lock, a full barrier. ``version`` alone is read without any of this by the
     inference worker's per-batch check (a stale read only delays the pull).
+
+    With FlowSAR the EMA reference policy travels beside the policy, under the same lock: a pull never pairs a
+    policy with a reference of another version.
     """
 
     tensors: dict[str, Tensor]
     version: Tensor  # int64 [1]: the published policy version
     sequence: Tensor  # int64 [1]: odd while the learner writes
+    reference_tensors: dict[str, Tensor] | None = None  # FlowSAR's reference policy, the same architecture
 
     @classmethod
-    def allocate(cls, model: torch.nn.Module) -> SharedWeights:
-        tensors = {name: t.detach().cpu().clone().share_memory_() for name, t in model.state_dict().items()}
-        return cls(tensors, shared_zeros((1,), torch.int64), shared_zeros((1,), torch.int64))
+    def allocate(cls, model: torch.nn.Module, reference: bool = False) -> SharedWeights:
+        def shared_copy() -> dict[str, Tensor]:
+            return {name: t.detach().cpu().clone().share_memory_() for name, t in model.state_dict().items()}
 
-    def publish(self, model: torch.nn.Module, version: int) -> None:
+        counters = shared_zeros((1,), torch.int64), shared_zeros((1,), torch.int64)
+        return cls(shared_copy(), *counters, shared_copy() if reference else None)
+
+    def publish(self, model: torch.nn.Module, version: int, reference: torch.nn.Module | None = None) -> None:
         with torch.no_grad():
             self.sequence += 1
             for name, t in model.state_dict().items():
                 self.tensors[name].copy_(t)
+            if reference is not None:
+                for name, t in reference.state_dict().items():
+                    self.reference_tensors[name].copy_(t)
             self.version[0] = version
             self.sequence += 1
 
-    def pull(self, model: torch.nn.Module) -> int:
+    def pull(self, model: torch.nn.Module, reference: torch.nn.Module | None = None) -> int:
         state = model.state_dict()
+        reference_state = reference.state_dict() if reference is not None else {}
         with torch.no_grad():
             while True:
                 before = int(self.sequence[0])
@@ -241,6 +273,8 @@ class SharedWeights:
                     continue
                 for name, t in self.tensors.items():
                     state[name].copy_(t)
+                for name, t in self.reference_tensors.items() if reference is not None else ():
+                    reference_state[name].copy_(t)
                 version = int(self.version[0])
                 if int(self.sequence[0]) == before:
                     return version

@@ -111,6 +111,13 @@ class LearnerConfig:
     vtrace_c: float = option(1.0, "V-trace trace-cutting clip")
     learner_threads: int = option(1, "torch CPU threads in the learner process (rollout and inference use 1)")
     device: str = option("cpu", "device of the learner and inference workers", ("cpu", "cuda"))
+    algo: str = option(
+        "ppo",
+        "ppo (the policy surrogate of --clip_mode with the advantages of --advantage), or flow_sar (a flow-matching "
+        "policy, --policy_head=flow, trained by FlowSAR on whole episodes and their success: no critic, no "
+        "likelihoods; its options are in the flow_sar group)",
+        ("ppo", "flow_sar"),
+    )
 
 
 @dataclass
@@ -143,6 +150,38 @@ class AdvantageConfig:
 
 
 CRITIC_ADVANTAGES = ("gae", "vtrace")
+
+
+@dataclass
+class FlowSARConfig:
+    """FlowSAR (``--algo=flow_sar``, ``sfengine.algo.flow_sar``): self-annotated credit assignment for flow-matching
+    policies. Defaults are the published ones."""
+
+    flow_sar_beta: float = option(1.0, "mirror branches' trust region: v+- = (1 -+ beta) v_old +- beta v_theta")
+    flow_sar_temperature: float = option(0.5, "credit weights' softmax temperature (smaller: more extreme weights)")
+    flow_sar_tau_mid: float = option(0.5, "self-annotation: the noise level a chunk is reconstructed from")
+    flow_sar_ema_schedule: str = option(
+        "linear",
+        "the reference policy's EMA: fixed (retention --flow_sar_ema_beta) or linear (retention "
+        "min(--flow_sar_ema_eta_rate x update, --flow_sar_ema_eta_max): close tracking first, more held back later)",
+        ("fixed", "linear"),
+    )
+    flow_sar_ema_beta: float = option(0.995, "fixed EMA: the reference keeps this share of itself per update")
+    flow_sar_ema_eta_rate: float = option(0.001, "linear EMA: growth of the retention per update")
+    flow_sar_ema_eta_max: float = option(0.5, "linear EMA: the retention's ceiling")
+    flow_sar_energy_type: str = option(
+        "mse", "branch energies ||v+- - u||^2 (mse, the ODE view) or scaled by 1/(2t) (sde)", ("mse", "sde")
+    )
+    flow_sar_loss_variant: str = option(
+        "softplus_kl",
+        "mse_branch: w [R E+ + (1 - R) E-]; softplus_kl: w softplus(y (E+ - E-) / 2) + kl_coeff ||v_theta - v_old||^2",
+        ("mse_branch", "softplus_kl"),
+    )
+    flow_sar_kl_coeff: float = option(1.0, "softplus_kl: weight of the penalty ||v_theta - v_old||^2")
+    flow_sar_t_min: float = option(0.2, "training: the flow time t is drawn from U[t_min, t_max]")
+    flow_sar_t_max: float = option(0.8, "training: the flow time's upper bound")
+    flow_sar_w_min: float = option(0.0, "credit weights are clipped to [w_min, w_max], then renormalised (0: no floor)")
+    flow_sar_w_max: float = option(1.0, "the credit weights' ceiling (1: none)")
 
 
 @dataclass
@@ -206,6 +245,14 @@ class ModelConfig:
         "the critic learns returns scaled by their running mean and std, so no env needs a hand-set --reward_scale "
         "(sparse 0/1 successes and returns of thousands alike); the value clip is then in units of that std",
     )
+    policy_head: str = option(
+        "gaussian",
+        "continuous actions: a Gaussian (PPO's likelihoods), or flow: a flow-matching velocity network integrated "
+        "by --flow_steps Euler steps from noise (for --algo=flow_sar; no likelihood)",
+        ("gaussian", "flow"),
+    )
+    flow_steps: int = option(10, "flow head: Euler steps from noise (t = 1) to the action chunk (t = 0)")
+    flow_hidden_sizes: list[int] = option([128, 128], "flow head: the velocity network's layer widths (SiLU)")
     action_chunk: int = option(
         1,
         "actions the policy emits per inference request (continuous actions): the env steps through the chunk, then "
@@ -265,6 +312,7 @@ GROUPS: dict[str, type] = {
     "learner": LearnerConfig,
     "advantage": AdvantageConfig,
     "policy_loss": PolicyLossConfig,
+    "flow_sar": FlowSARConfig,
     "model": ModelConfig,
     "run": RunConfig,
     "eval": EvalConfig,
@@ -315,6 +363,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    flow_sar: FlowSARConfig = field(default_factory=FlowSARConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -339,6 +388,15 @@ class Config:
     @property
     def experiment_dir(self) -> Path:
         return Path(self.run.train_dir) / self.run.experiment
+
+    @property
+    def critic_free(self) -> bool:
+        """No critic: training batches of whole groups of episodes (group advantages, or FlowSAR's episodes)."""
+        return self.advantage.critic_free or self.flow_sar_on
+
+    @property
+    def flow_sar_on(self) -> bool:
+        return self.learner.algo == "flow_sar"
 
     @property
     def envs_per_split(self) -> int:
@@ -616,14 +674,10 @@ def validate(cfg: Config) -> None:
         if getattr(lrn, name) < 0:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must not be negative")
     _validate_policy_loss(cfg.policy_loss)
+    _validate_flow(cfg)
     _validate_advantage(cfg)
     if cfg.model.action_chunk < 1:
         raise ConfigError(f"--action_chunk={cfg.model.action_chunk} must be at least 1 (1: one action per request)")
-    if cfg.model.action_chunk > 1 and cfg.advantage.critic_free:
-        raise ConfigError(
-            f"--action_chunk={cfg.model.action_chunk} with --advantage={cfg.advantage.advantage}: group batches of "
-            "action chunks are not built yet; use --advantage=gae or vtrace with chunks"
-        )
     if any(width < 1 for width in cfg.model.hidden_sizes) or not cfg.model.hidden_sizes:
         raise ConfigError(f"--hidden_sizes={cfg.model.hidden_sizes}: give positive layer widths, e.g. 64,64")
     if run.train_for_env_steps < 1:
@@ -672,13 +726,44 @@ def _validate_advantage(cfg: Config) -> None:
         )
 
 
+def _validate_flow(cfg: Config) -> None:
+    """The flow head and FlowSAR go together: one without the other cannot train."""
+    model, sar = cfg.model, cfg.flow_sar
+    if cfg.flow_sar_on and model.policy_head != "flow":
+        raise ConfigError("--algo=flow_sar trains a flow-matching policy: add --policy_head=flow")
+    if model.policy_head == "flow" and not cfg.flow_sar_on:
+        raise ConfigError(
+            "--policy_head=flow has no likelihood, which PPO's ratio needs: train it with --algo=flow_sar"
+        )
+    if model.flow_steps < 1 or not model.flow_hidden_sizes or min(model.flow_hidden_sizes) < 1:
+        raise ConfigError("--flow_steps must be at least 1 and --flow_hidden_sizes positive widths (e.g. 128,128)")
+    if not cfg.flow_sar_on:
+        return
+    if cfg.advantage.advantage not in CRITIC_ADVANTAGES:
+        raise ConfigError(
+            f"--algo=flow_sar assigns credit itself; --advantage={cfg.advantage.advantage} is for --algo=ppo: drop it"
+        )
+    if cfg.advantage.group_outcome != "success":
+        raise ConfigError(
+            "--algo=flow_sar weighs each episode by its success (R = 0 or 1): add --group_outcome=success (the env "
+            "reports info['success'] at an episode's end)"
+        )
+    if not cfg.sampler.async_rl:
+        raise ConfigError("--algo=flow_sar trains on whole episodes, which end at their own times: use --async_rl=true")
+    if not 0 < sar.flow_sar_t_min <= sar.flow_sar_t_max <= 1 or not 0 < sar.flow_sar_tau_mid <= 1:
+        raise ConfigError("--flow_sar_t_min <= --flow_sar_t_max and --flow_sar_tau_mid must lie in (0, 1]")
+    if sar.flow_sar_temperature <= 0 or not 0 <= sar.flow_sar_w_min < sar.flow_sar_w_max:
+        raise ConfigError("--flow_sar_temperature must be positive and 0 <= --flow_sar_w_min < --flow_sar_w_max")
+
+
 def check_group_layout(cfg: Config) -> None:
     """Critic-free advantages: a training batch holds whole groups, so one group of episodes at their step limit
     (``--max_episode_steps``, filled in from the env when 0) must fit in it. Checked once the env is known."""
-    if not cfg.advantage.critic_free:
+    if not cfg.critic_free:
         return
-    size, limit, samples = cfg.env.task_group_size, cfg.env.max_episode_steps, cfg.samples_per_training_batch
-    advantage = f"--advantage={cfg.advantage.advantage}"
+    size, samples = cfg.env.task_group_size, cfg.samples_per_training_batch
+    limit = -(-cfg.env.max_episode_steps // cfg.model.action_chunk)  # entries: one per chunk
+    advantage = "--algo=flow_sar" if cfg.flow_sar_on else f"--advantage={cfg.advantage.advantage}"
     if limit < 1:
         raise ConfigError(
             f"{advantage} batches whole groups of episodes, and --env={cfg.env.env} declares no step limit: set "

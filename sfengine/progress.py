@@ -21,7 +21,9 @@ def start_block(cfg: Config, resumed_env_steps: int = 0, world_size: int = 1) ->
     s, lrn, run = cfg.sampler, cfg.learner, cfg.run
     advantage = cfg.advantage.advantage
     advantages = {"gae": "GAE", "vtrace": "V-trace"}.get(advantage, f"{advantage.upper()}, no critic")
-    if cfg.advantage.critic_free:
+    if cfg.flow_sar_on:
+        advantages = "FlowSAR credit, no critic"
+    if cfg.critic_free:
         advantages += f", groups of {cfg.env.task_group_size}"
     if cfg.policy_loss.clip_mode != "ppo_clip":
         advantages += f", {cfg.policy_loss.clip_mode}"

@@ -410,7 +410,7 @@ def build_components(
     ]
     learner_loop = loop_for("learner")
     batcher_loop = runner_loop if cfg.sampler.serial_mode else EngineEventLoop("batcher_evt_loop")
-    if cfg.advantage.critic_free:
+    if cfg.critic_free:
         batcher = GroupBatcher(
             batcher_loop,
             buffers,
@@ -446,11 +446,12 @@ def run(
     initial_env_steps = int(resume_state["env_steps"]) if resume_state else 0
 
     buffers = SharedBuffers.allocate(cfg, obs_spec, action_spec)
-    weights = SharedWeights.allocate(model)
-    weights.publish(model, initial_version)
+    weights = SharedWeights.allocate(model, reference=cfg.flow_sar_on)
+    # FlowSAR's reference starts as the policy (the learner republishes it from its own state before the first batch).
+    weights.publish(model, initial_version, model if cfg.flow_sar_on else None)
 
     task_sequence = None
-    if tasks is not None or cfg.advantage.critic_free:
+    if tasks is not None or cfg.critic_free:
         task_sequence = build_task_sequence(cfg, tasks, resume_state)
 
     runner_loop = EngineEventLoop("runner_evt_loop", serial_mode=cfg.sampler.serial_mode)

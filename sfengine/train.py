@@ -53,15 +53,16 @@ def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, Ta
         env = factory(env_context(cfg, -1, 0, cfg.env.seed))
     except Exception as exc:  # noqa: BLE001  (any failure here is a failure to build the user's env)
         raise ConfigError(f"env '{cfg.env.env}' could not be created: {type(exc).__name__}: {exc}") from None
-    if cfg.advantage.critic_free and not cfg.env.max_episode_steps:
+    if cfg.critic_free and not cfg.env.max_episode_steps:
         # Groups are batched whole, so their size in samples must be known: take the env's own step limit.
         cfg.env.max_episode_steps = episode_step_limit(env)
     try:
-        return (
-            obs_spec_from_space(env.observation_space),
-            action_spec_from_space(env.action_space, cfg.model.action_chunk),
-            task_info(env),
-        )
+        action_spec = action_spec_from_space(env.action_space, cfg.model.action_chunk)
+        if cfg.model.policy_head == "flow" and action_spec.discrete:
+            raise UnsupportedSpaceError(
+                f"--policy_head=flow generates continuous actions; this env's are {env.action_space}: use a Box env"
+            )
+        return obs_spec_from_space(env.observation_space), action_spec, task_info(env)
     except UnsupportedSpaceError as exc:
         raise ConfigError(f"env '{cfg.env.env}': {exc}") from None
     finally:

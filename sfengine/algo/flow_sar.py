@@ -124,3 +124,25 @@ def ema_update_(reference: nn.Module, policy: nn.Module, decay: float) -> None:
     """``reference <- decay * reference + (1 - decay) * policy``, parameter by parameter, in place."""
     for ref, current in zip(reference.parameters(), policy.parameters()):
         ref.mul_(decay).add_(current, alpha=1.0 - decay)
+
+
+class Annotation(NamedTuple):
+    errors: Tensor  # [N] e_i: how far the reference reconstructs the chunk from noise level tau_mid
+    times: Tensor  # [N] the training point's flow time t ~ U[t_min, t_max]
+    noise: Tensor  # [N, D] its noise eps
+    v_old: Tensor  # [N, D] the reference's velocity at x_t = (1 - t) a + t eps
+
+
+@torch.no_grad()
+def self_annotate(reference, obs: dict[str, Tensor], actions: Tensor, tau_mid: float, t_min: float, t_max: float):
+    """FlowSAR's self-annotation of N steps by the reference policy (an ``ActorCritic`` with a flow head): two
+    velocity passes, one for the reconstruction error and one for the training point's ``v_old``."""
+    features = reference.policy_features(obs)
+    n = actions.shape[0]
+    tau = torch.full((n,), tau_mid, device=actions.device)
+    reconstructed = reference.flow_head.reconstruct(actions, tau, torch.randn_like(actions), features)
+    times = t_min + (t_max - t_min) * torch.rand(n, device=actions.device)
+    noise = torch.randn_like(actions)
+    x_t = (1.0 - times[:, None]) * actions + times[:, None] * noise
+    v_old = reference.flow_head.velocity(x_t, times, features)
+    return Annotation(reconstruction_error(actions, reconstructed), times, noise, v_old)

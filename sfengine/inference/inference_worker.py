@@ -17,7 +17,8 @@ import time
 import torch
 from signal_slot.signal_slot import Timer, signal
 
-from sfengine.buffers import POLICY_FIELDS, SharedBuffers, SharedWeights
+from sfengine.algo.flow_sar import self_annotate
+from sfengine.buffers import ANNOTATION_FIELDS, POLICY_FIELDS, SharedBuffers, SharedWeights
 from sfengine.config import Config
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.inference.numpy_policy import NumpyPolicy, choose_inference_backend
@@ -58,7 +59,11 @@ class InferenceWorker(Component):
         self.device = torch.device(self.cfg.learner.device)
         self.model = ActorCritic.for_config(self.cfg, self.obs_spec, self.action_spec).to(self.device)
         self.model.for_inference(getattr(torch, self.cfg.sampler.inference_dtype)).eval()
-        self.version = self.weights.pull(self.model)
+        # FlowSAR: the reference policy, pulled with the policy, self-annotates every step the policy acts.
+        self.reference = None
+        if self.cfg.flow_sar_on and self.weights.reference_tensors is not None and not self.deterministic:
+            self.reference = ActorCritic.for_config(self.cfg, self.obs_spec, self.action_spec).to(self.device).eval()
+        self.version = self.weights.pull(self.model, self.reference)
         self.numpy_policy = None
         if choose_inference_backend(self.cfg, self.model) == "numpy":
             self.numpy_policy = NumpyPolicy(self.model, seed=self.cfg.env.seed * 1_000_003 + self.index)
@@ -70,6 +75,7 @@ class InferenceWorker(Component):
         # about 1 us there against 3-20 us through torch's dispatcher, and a batch does a dozen of them.
         self.flat_outputs_np = {name: getattr(traj, name).flatten(0, 1).numpy() for name in POLICY_FIELDS}
         self.flat_obs_np = {key: t.numpy() for key, t in self.flat_obs.items()}
+        self.flat_annotations_np = {name: getattr(traj, name).flatten(0, 1).numpy() for name in ANNOTATION_FIELDS}
         self.split_ids_np = self.buffers.splits.buffer_ids.numpy()
         self.split_step_np = self.buffers.splits.step.numpy()
         self.published_version_np = self.weights.version.numpy()
@@ -89,7 +95,7 @@ class InferenceWorker(Component):
         started = time.perf_counter()
         requests, self.pending = self.pending, []
         if self.published_version_np[0] != self.version:
-            self.version = self.weights.pull(self.model)
+            self.version = self.weights.pull(self.model, self.reference)
             if self.numpy_policy is not None:
                 self.numpy_policy.refresh()
         rows = [r.split_row for r in requests]
@@ -119,6 +125,13 @@ class InferenceWorker(Component):
             out_fields["actions"][flat_np] = out.actions.cpu().numpy()
             out_fields["log_probs"][flat_np] = out.log_probs.cpu().numpy()
             out_fields["values"][flat_np] = out.values.cpu().numpy()
+            if self.reference is not None:
+                sar = self.cfg.flow_sar
+                annotation = self_annotate(
+                    self.reference, obs, out.actions, sar.flow_sar_tau_mid, sar.flow_sar_t_min, sar.flow_sar_t_max
+                )
+                for name, values in zip(ANNOTATION_FIELDS, annotation):
+                    self.flat_annotations_np[name][flat_np] = values.cpu().numpy()
             if truncated_rows:
                 # Rare (episode ends by time limit): value the final observations of those splits' envs.
                 final = {key: t[truncated_rows].flatten(0, 1).to(self.device) for key, t in splits.final_obs.items()}

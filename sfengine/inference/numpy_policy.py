@@ -65,6 +65,8 @@ def choose_inference_backend(cfg: Config, model: ActorCritic) -> str:
 
 def numpy_unsupported_reason(model: ActorCritic) -> str | None:
     """Why ``NumpyPolicy`` cannot run this model, or None if it can."""
+    if model.flow_head is not None:
+        return "the flow head runs in torch"
     if model.image_keys:
         return f"image observations ({', '.join(model.image_keys)}) need the CNN encoders, which run in torch"
     for encoders in (model.encoders, model.value_encoders or {}):

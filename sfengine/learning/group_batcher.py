@@ -29,7 +29,7 @@ import torch
 from signal_slot.signal_slot import signal
 from torch import Tensor
 
-from sfengine.buffers import SharedBuffers
+from sfengine.buffers import ANNOTATION_FIELDS, SharedBuffers
 from sfengine.event_loop import Component
 from sfengine.learning.batcher import buffers_released_signal
 from sfengine.messages import TrajectoriesReady
@@ -46,6 +46,10 @@ class GroupBatch:
     log_probs: Tensor  # [capacity] the acting policy's
     versions: Tensor  # [capacity] the acting policy's version
     episodes: Tensor  # [capacity] int64: group in batch * G + member
+    recon_errors: Tensor  # [capacity] FlowSAR's self-annotation (empty vectors in other runs)
+    flow_times: Tensor  # [capacity]
+    flow_noise: Tensor  # [capacity, D]
+    v_old: Tensor  # [capacity, D]
     outcomes: Tensor  # [capacity // G + 1, G] float32
     groups: Tensor  # [capacity // G + 1] int64: each group's number in the task sequence (position // G)
     num_steps: int = 0
@@ -54,7 +58,10 @@ class GroupBatch:
     dropped_groups: dict[str, int] = field(default_factory=dict)  # since the previous batch, by reason
 
     @classmethod
-    def allocate(cls, capacity: int, group_size: int, obs_spec: ObsSpec, action_spec: ActionSpec) -> GroupBatch:
+    def allocate(
+        cls, capacity: int, group_size: int, obs_spec: ObsSpec, action_spec: ActionSpec, annotated: bool = False
+    ) -> GroupBatch:
+        annotation = (capacity, action_spec.dim if annotated else 0)
         return cls(
             obs={
                 key: torch.zeros((capacity, *shape), dtype=obs_spec.dtypes[key])
@@ -64,6 +71,10 @@ class GroupBatch:
             log_probs=torch.zeros(capacity),
             versions=torch.zeros(capacity, dtype=torch.int64),
             episodes=torch.zeros(capacity, dtype=torch.int64),
+            recon_errors=torch.zeros(capacity),
+            flow_times=torch.zeros(capacity),
+            flow_noise=torch.zeros(annotation),
+            v_old=torch.zeros(annotation),
             outcomes=torch.zeros((capacity // group_size + 1, group_size)),
             groups=torch.zeros(capacity // group_size + 1, dtype=torch.int64),
         )
@@ -92,6 +103,7 @@ class PendingGroup:
     """A group whose steps are arriving: flat step indices with their member, and the members' outcomes."""
 
     expected: int  # episodes of this group played in this run (G, fewer for a group begun before a resume)
+    env_steps: int = 0  # env steps its entries took (more than its entries with action chunks)
     steps: list[np.ndarray] = field(default_factory=list)  # flat indices buffer * (T + 1) + t
     members: list[np.ndarray] = field(default_factory=list)
     outcomes: dict[int, float] = field(default_factory=dict)  # member -> outcome
@@ -123,7 +135,8 @@ class GroupBatcher(Component):
         self.unconsumed: dict[int, int] = {}  # buffer id -> its steps not yet batched or dropped
         self.batch_slots: list[GroupBatch] = []
         self.free_slots: deque[int] = deque()
-        self.dropped_steps = 0
+        self.dropped_steps = 0  # entries of dropped groups since the last batch (a batch's worth forms an empty one)
+        self.dropped_env_steps = 0  # and the env steps they took
         self.dropped_groups: dict[str, int] = {}
         self.busy_sec = 0.0
 
@@ -138,6 +151,7 @@ class GroupBatcher(Component):
         traj = self.buffers.trajectories
         self.flat = {name: t.flatten(0, 1) for name, t in traj.tensors().items()}
         self.positions_np = traj.episode_positions.numpy()
+        self.chunk_steps_np = traj.chunk_steps.numpy()
 
     def on_trajectories_ready(self, message: TrajectoriesReady) -> None:
         started = time.perf_counter()
@@ -155,6 +169,7 @@ class GroupBatcher(Component):
                     self.pending[group] = PendingGroup(self._expected(group))
                 pending = self.pending[group]
                 pending.steps.append(flat[mine])
+                pending.env_steps += int(self.chunk_steps_np[buffer_id, :steps][mine].sum())
                 pending.members.append(np.full(int(mine.sum()), member))
             ends = (traj.terminated[buffer_id, :steps] | traj.truncated[buffer_id, :steps]).nonzero().flatten()
             for t in ends.tolist():
@@ -195,6 +210,7 @@ class GroupBatcher(Component):
         del self.pending[group]
         self.dropped_groups[reason] = self.dropped_groups.get(reason, 0) + 1
         self.dropped_steps += pending.num_steps
+        self.dropped_env_steps += pending.env_steps
         self._consume(pending.steps)
 
     def _assemble(self) -> None:
@@ -218,7 +234,8 @@ class GroupBatcher(Component):
                 self.ready_steps -= total
                 self._gather(slot, chosen, total)
             slot.num_steps, slot.num_groups = total, len(chosen)
-            slot.env_steps, self.dropped_steps = total + self.dropped_steps, 0
+            slot.env_steps = sum(group.env_steps for group in chosen) + self.dropped_env_steps
+            self.dropped_steps = self.dropped_env_steps = 0
             slot.dropped_groups, self.dropped_groups = self.dropped_groups, {}
             self.busy_sec += time.perf_counter() - started
             self.training_batch_ready.emit(slot_index)
@@ -228,7 +245,7 @@ class GroupBatcher(Component):
         size = self.group_size
         flat = torch.from_numpy(np.concatenate([s for group in chosen for s in group.steps]))
         out = slot.tensors()
-        for name in ("log_probs", "versions", "actions", *(f"obs.{key}" for key in slot.obs)):
+        for name in ("log_probs", "versions", "actions", *ANNOTATION_FIELDS, *(f"obs.{key}" for key in slot.obs)):
             torch.index_select(self.flat[name], 0, flat, out=out[name][:total])
         episodes = np.concatenate([j * size + members for j, group in enumerate(chosen) for members in group.members])
         slot.episodes[:total] = torch.from_numpy(episodes)

@@ -23,6 +23,7 @@ from sfengine.config import Config
 from sfengine.distributed import LearnerGroup, RankBatch, RankInfo, parameter_checksum
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.learning.batcher import Batcher
+from sfengine.learning.flow_sar_trainer import FlowSARTrainer
 from sfengine.learning.group_batcher import GroupBatch, GroupBatcher
 from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.messages import EpisodeStats, LearnerReport
@@ -92,7 +93,11 @@ class LearnerWorker(Component):
         # --seed, or loaded from the checkpoint on resume). A model of this process's own would be another policy,
         # foreign to the first batches' log-probs and values.
         self.weights.pull(self.model)
-        self.trainer = PPOTrainer(self.model, cfg, self.group)
+        self.trainer = (
+            FlowSARTrainer(self.model, cfg, self.group) if cfg.flow_sar_on else PPOTrainer(self.model, cfg, self.group)
+        )
+        # FlowSAR's reference policy travels beside the policy; the inference workers self-annotate with it.
+        self.reference = self.trainer.reference if cfg.flow_sar_on else None
         self.env_steps, self.version = 0, 0
         if self.resume_state is not None:
             self.trainer.optimizer.load_state_dict(self.resume_state["optimizer"])
@@ -101,13 +106,17 @@ class LearnerWorker(Component):
             self.resume_state = None
         # Every rank builds the same initial model from --seed, but only rank 0's weights are the truth.
         self.group.broadcast_model(self.model)
-        self.weights.publish(self.model, self.version)
+        self.weights.publish(self.model, self.version, self.reference)
         self.rank_env_steps = [0] * self.ranks.world_size  # this run's, per rank
         self.rank_sequences: list[dict] = [{}] * self.ranks.world_size
-        if cfg.advantage.critic_free:
+        if cfg.critic_free:
             slots = [
                 GroupBatch.allocate(
-                    cfg.samples_per_training_batch, cfg.env.task_group_size, self.obs_spec, self.action_spec
+                    cfg.samples_per_training_batch,
+                    cfg.env.task_group_size,
+                    self.obs_spec,
+                    self.action_spec,
+                    annotated=cfg.flow_sar_on,
                 )
                 for _ in range(NUM_BATCH_SLOTS)
             ]
@@ -170,7 +179,7 @@ class LearnerWorker(Component):
             on_device = batch.to(self.device) if self.device.type != "cpu" else batch
             stats = self.trainer.train(on_device, self.version, self.env_steps)
             self.version += 1
-            self.weights.publish(self.model, self.version)
+            self.weights.publish(self.model, self.version, self.reference)
         if isinstance(batch, GroupBatch):
             stats.update(group_stats(batch))
         self.env_steps += sum(rank.samples for rank in ranks)

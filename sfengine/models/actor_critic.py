@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from sfengine.config import Config, ModelConfig
+from sfengine.models.flow_head import FlowHead
 from sfengine.spaces import ActionSpec, ObsSpec
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
@@ -183,8 +184,13 @@ class ActorCritic(nn.Module):
         self.value_head = nn.Linear(features, 1) if critic else None
         self.return_normalizer = ReturnNormalizer() if critic and cfg.normalize_returns else None
         self.state_dependent_std = not action_spec.discrete and cfg.continuous_log_std == "state_dependent"
+        # --policy_head=flow: a flow-matching head generates the action chunk (no likelihood: FlowSAR trains it).
+        self.flow_head = None
         if action_spec.discrete:
             self.policy_head = nn.Linear(features, action_spec.num_actions)
+        elif cfg.policy_head == "flow":
+            self.policy_head = None
+            self.flow_head = FlowHead(features, action_spec.dim, cfg.flow_hidden_sizes, cfg.flow_steps)
         elif self.state_dependent_std:
             self.policy_head = nn.Linear(features, 2 * action_spec.dim)  # mean, then log-std
         else:
@@ -195,7 +201,7 @@ class ActorCritic(nn.Module):
     @classmethod
     def for_config(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> ActorCritic:
         """The run's model: without a critic when its advantages need none."""
-        return cls(obs_spec, action_spec, cfg.model, critic=not cfg.advantage.critic_free)
+        return cls(obs_spec, action_spec, cfg.model, critic=not cfg.critic_free)
 
     def _build_encoders(self, cfg: ModelConfig, activation: type[nn.Module]) -> tuple[nn.ModuleDict, int]:
         """One MLP for the vector keys and a CNN per image key, and the width of their concatenated features."""
@@ -214,8 +220,10 @@ class ActorCritic(nn.Module):
                 nn.init.orthogonal_(module.weight, gain=math.sqrt(2))
                 nn.init.zeros_(module.bias)
         # Small policy output: a near-uniform first policy, or a Gaussian whose log-std is initial_log_std in every
-        # state (state-dependent: through the log-std half of the head's bias, its weights start near zero).
-        nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
+        # state (state-dependent: through the log-std half of the head's bias, its weights start near zero), or a
+        # flow whose velocities start near zero, so its first chunks are close to the N(0, I) noise they start from.
+        output = self.policy_head if self.flow_head is None else self.flow_head.net[-1]
+        nn.init.orthogonal_(output.weight, gain=0.01)
         # The critic starts at exactly 0 in every state: an untrained critic's O(1) outputs would otherwise enter the
         # first batches' returns, swamp small rewards and, through the return statistics, which keep all history,
         # leave the critic's units wrong for the rest of the run.
@@ -263,13 +271,19 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: dict[str, Tensor], in_critic_units: bool = False) -> tuple[Tensor, Tensor]:
         """obs: dict of [N, ...] tensors -> (policy parameters [N, P], values [N] in return units, or in the units
-        the critic learns in with ``in_critic_units``: what the learner's value loss compares)."""
+        the critic learns in with ``in_critic_units``: what the learner's value loss compares). With the flow head
+        the policy parameters are the features the velocity network is conditioned on."""
         inputs = self._inputs(obs)
         features = self._encode(self.encoders, inputs)
+        params = features if self.flow_head is not None else self.policy_head(features)
         if self.value_head is None:
-            return self.policy_head(features), features.new_zeros(features.shape[0])
+            return params, features.new_zeros(features.shape[0])
         value_features = features if self.value_encoders is None else self._encode(self.value_encoders, inputs)
-        return self.policy_head(features), self._values(value_features, in_critic_units)
+        return params, self._values(value_features, in_critic_units)
+
+    def policy_features(self, obs: dict[str, Tensor]) -> Tensor:
+        """The actor's encoder features [N, F]: what the flow head is conditioned on."""
+        return self._encode(self.encoders, self._inputs(obs))
 
     def values(self, obs: dict[str, Tensor]) -> Tensor:
         """The critic alone: obs dict of [N, ...] tensors -> values [N] in return units. With separate trunks the
@@ -345,5 +359,8 @@ class ActorCritic(nn.Module):
         ``torch.inference_mode()`` (a no_grad decorator here would cost a fifth of the whole call at inference
         batch sizes)."""
         params, values = self(obs)
+        if self.flow_head is not None:
+            actions = self.flow_head.mode(params) if deterministic else self.flow_head.sample(params)
+            return PolicyOutput(actions, values.new_zeros(values.shape[0]), values)  # a flow has no log-prob
         actions, log_probs = self.mode(params) if deterministic else self.sample(params)
         return PolicyOutput(actions, log_probs, values)

@@ -325,7 +325,7 @@ class RolloutWorker(Component):
         """An episode's outcome for group advantages: its return, or its success."""
         if not self.outcome_is_success:
             return episode.episode_return
-        if math.isnan(episode.success) and not self.warned_no_success and self.cfg.advantage.critic_free:
+        if math.isnan(episode.success) and not self.warned_no_success and self.cfg.critic_free:
             self.warned_no_success = True
             log.error(
                 "--group_outcome=success, but %s reports no 'success' in the info of an episode's last step: its "

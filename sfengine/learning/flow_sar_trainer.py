@@ -1,0 +1,100 @@
+"""One FlowSAR update on a batch of whole episodes (``--algo=flow_sar``): credit weights from the self-annotation,
+then epochs of minibatch steps on the mirror-branch loss, then the EMA step of the reference policy.
+
+The batch is a ``GroupBatch`` (whole episodes with their success, grouped by ``--task_group_size``; groups of one
+are allowed: FlowSAR's credit is per episode, not per group). Each step carries what the inference worker's
+self-annotation wrote with the reference policy: ``e_i``, and the training point ``(t, eps)`` with ``v_old``. The
+math is ``sfengine.algo.flow_sar``; the optimiser, the learning-rate schedule and the gradient clip are PPOTrainer's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from sfengine.algo.flow_sar import credit_weights, ema_decay, ema_update_, flow_sar_loss
+from sfengine.config import Config
+from sfengine.distributed import LearnerGroup
+from sfengine.learning.group_batcher import GroupBatch
+from sfengine.learning.ppo_trainer import PPOTrainer
+from sfengine.models.actor_critic import ActorCritic
+
+
+class FlowSARTrainer(PPOTrainer):
+    def __init__(self, model: ActorCritic, cfg: Config, group: LearnerGroup | None = None):
+        super().__init__(model, cfg, group)
+        self.reference = copy.deepcopy(model)  # theta_old, published beside the policy (SharedWeights)
+        self.reference.requires_grad_(False)
+        self.updates = 0
+
+    def train(self, batch: GroupBatch, learner_version: int, env_steps: int) -> dict[str, float]:
+        cfg, sar = self.cfg.learner, self.cfg.flow_sar
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate(env_steps)
+        n = batch.num_steps
+        success = batch.outcomes[: batch.num_groups].reshape(-1)  # episode group * G + member
+        episodes = batch.episodes[:n]
+        weights, labels = credit_weights(
+            batch.recon_errors[:n], episodes, success, sar.flow_sar_temperature, sar.flow_sar_w_min, sar.flow_sar_w_max
+        )
+        actions, times, noise, v_old = batch.actions[:n], batch.flow_times[:n], batch.flow_noise[:n], batch.v_old[:n]
+        x_t = (1.0 - times[:, None]) * actions + times[:, None] * noise
+        target = noise - actions  # u: the path's velocity
+        obs = {key: o[:n] for key, o in batch.obs.items()}
+        num_episodes = success.shape[0]
+        sums: dict[str, float] = {}
+        for _ in range(cfg.num_epochs):
+            for idx in torch.randperm(n, device=actions.device).chunk(cfg.num_batches_per_epoch):
+                v_theta = self.model.flow_head.velocity(
+                    x_t[idx], times[idx], self.model.policy_features({key: o[idx] for key, o in obs.items()})
+                )
+                # A minibatch holds a share of every episode's steps: its episode count scales with that share, so
+                # the minibatch losses average to the whole batch's.
+                out = flow_sar_loss(
+                    v_theta,
+                    v_old[idx],
+                    target[idx],
+                    times[idx],
+                    weights[idx],
+                    labels[idx],
+                    num_episodes * len(idx) / n,
+                    sar.flow_sar_beta,
+                    sar.flow_sar_energy_type,
+                    sar.flow_sar_loss_variant,
+                    sar.flow_sar_kl_coeff,
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                out.loss.backward()
+                self.group.average_gradients(self.model)
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + self._clip_gradients()
+                self.optimizer.step()
+                for name, value in out._asdict().items():
+                    sums[name] = sums.get(name, 0.0) + float(value.detach())
+        self.model.update_normalizers(obs, self.group.sum)
+        self.updates += 1
+        decay = ema_decay(
+            sar.flow_sar_ema_schedule,
+            self.updates,
+            sar.flow_sar_ema_beta,
+            sar.flow_sar_ema_eta_rate,
+            sar.flow_sar_ema_eta_max,
+        )
+        ema_update_(self.reference, self.model, decay)
+        for ref, current in zip(self.reference.buffers(), self.model.buffers()):
+            ref.copy_(current)  # the observation statistics: the reference sees inputs as the policy does
+        num_updates = cfg.num_epochs * cfg.num_batches_per_epoch
+        stats = {f"flow_sar_{name}" if name != "grad_norm" else name: v / num_updates for name, v in sums.items()}
+        lag = (learner_version - batch.versions[:n]).float()
+        stats.update(
+            flow_sar_weight_mean=float(weights.mean()),
+            flow_sar_success_ratio=float(success.mean()),
+            flow_sar_recon_error=float(batch.recon_errors[:n].mean()),
+            flow_sar_energy_type=float(sar.flow_sar_energy_type == "sde"),
+            flow_sar_loss_variant=float(sar.flow_sar_loss_variant == "softplus_kl"),
+            flow_sar_ema_decay=decay,
+            policy_lag_mean=float(lag.mean()),
+            policy_lag_max=float(lag.max()),
+            learning_rate=self.optimizer.param_groups[0]["lr"],
+        )
+        return stats
