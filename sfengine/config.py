@@ -225,6 +225,11 @@ class PolicyLossConfig:
 
 @dataclass
 class ModelConfig:
+    model: str = option(
+        "actor_critic",
+        "the policy model: the built-in actor_critic (CNN and MLP encoders, the heads below), or a name given to "
+        "sfengine.register_model (a model of your own, an ActorCritic subclass)",
+    )
     hidden_sizes: list[int] = option([64, 64], "MLP encoder layer widths for vector observations")
     activation: str = option("tanh", "activation of the encoders", ("tanh", "relu", "elu"))
     normalize_input: bool = option(True, "running mean/std normalisation of vector observations")

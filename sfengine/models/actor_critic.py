@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from sfengine.config import Config, ModelConfig
+from sfengine.config import Config, ConfigError, ModelConfig
 from sfengine.models.flow_head import FlowHead
 from sfengine.spaces import ActionSpec, ObsSpec
 
@@ -156,6 +156,23 @@ class CNNEncoder(nn.Module):
         return self.out(self.convs(x)).float()
 
 
+ModelFactory = Callable[[Config, ObsSpec, ActionSpec], "ActorCritic"]
+MODELS: dict[str, ModelFactory] = {}  # --model=name -> factory; "actor_critic", the default, is the class itself
+
+
+def register_model(name: str, factory: ModelFactory) -> None:
+    """Make ``factory(cfg, obs_spec, action_spec)`` the model of ``--model=name``. It returns an ``ActorCritic``
+    (typically a subclass with encoders of the user's own, or loaded with pretrained weights). Register at the top
+    level of the script that calls ``sfengine.train.main``: the engine's spawned processes import that script
+    too, and each builds its copy of the model through the factory."""
+    if name == DEFAULT_MODEL:
+        raise ValueError(f"register_model: {DEFAULT_MODEL!r} is the built-in model; choose another name")
+    MODELS[name] = factory
+
+
+DEFAULT_MODEL = "actor_critic"
+
+
 class PolicyOutput(NamedTuple):
     actions: Tensor  # [N] int64 or [N, A] float
     log_probs: Tensor  # [N]
@@ -200,8 +217,23 @@ class ActorCritic(nn.Module):
 
     @classmethod
     def for_config(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> ActorCritic:
-        """The run's model: without a critic when its advantages need none."""
-        return cls(obs_spec, action_spec, cfg.model, critic=not cfg.critic_free)
+        """The run's model (``--model``: the built-in one, or a registered one): without a critic when its
+        advantages need none. Every process builds its copy here, so a registered model acts and learns alike."""
+        if cfg.model.model == DEFAULT_MODEL:
+            return cls(obs_spec, action_spec, cfg.model, critic=not cfg.critic_free)
+        factory = MODELS.get(cfg.model.model)
+        if factory is None:
+            raise ConfigError(
+                f"--model={cfg.model.model!r} is not registered (known: {', '.join([DEFAULT_MODEL, *MODELS])}); "
+                "call sfengine.register_model at the top level of your training script"
+            )
+        model = factory(cfg, obs_spec, action_spec)
+        if not isinstance(model, ActorCritic):
+            raise TypeError(
+                f"register_model({cfg.model.model!r}, ...): the factory returned a {type(model).__name__}; return an "
+                "ActorCritic or a subclass of it (the engine calls its encode, act and loss methods)"
+            )
+        return model
 
     def _build_encoders(self, cfg: ModelConfig, activation: type[nn.Module]) -> tuple[nn.ModuleDict, int]:
         """One MLP for the vector keys and a CNN per image key, and the width of their concatenated features."""
