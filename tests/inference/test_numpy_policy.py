@@ -213,12 +213,12 @@ def test_a_synchronous_run_acts_with_the_learners_policy_at_every_batch(tmp_path
         "--rollout=32",
         "--batch_size=256",
         "--num_batches_per_epoch=2",
-        "--train_for_env_steps=8192",
+        "--train_for_env_steps=4096",
         f"--inference_backend={backend}",
     )
     command[1:3] = [str(script)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     deviations = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(deviations) >= 14, deviations  # 16 batches of 512 samples; the last may be cut short by the stop
+    assert len(deviations) >= 6, deviations  # 8 batches of 512 samples; the last may be cut short by the stop
     assert max(deviations) < 1e-4, deviations

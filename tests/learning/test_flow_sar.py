@@ -76,13 +76,13 @@ CHECKING_SCRIPT = textwrap.dedent(
 def test_every_step_is_annotated_by_the_reference_of_the_version_that_acted(tmp_path, train_dir):
     log, script = tmp_path / "checks.jsonl", tmp_path / "check_annotations.py"
     script.write_text(CHECKING_SCRIPT.format(log=str(log)))
-    args = [*FLOW_SAR, "--env=sparse_reach", "--action_chunk=2", "--train_for_env_steps=20000"]
+    args = [*FLOW_SAR, "--env=sparse_reach", "--action_chunk=2", "--train_for_env_steps=12000"]
     command = train_command(train_dir, "flow_sar", *args, "--flow_sar_ema_schedule=fixed", "--flow_sar_ema_beta=0.5")
     command[1:3] = [str(script)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(records) >= 4, records
+    assert len(records) >= 3, records  # batches of about 4000 env steps (2048 chunks of 2)
     assert sum(r["checked"] for r in records) == sum(r["steps"] for r in records)  # every step's version was seen
     assert max(r["worst"] for r in records) < 1e-4, records
     assert all(0.2 <= r["times"][0] and r["times"][1] <= 0.8 for r in records)  # t ~ U[t_min, t_max]
@@ -140,7 +140,7 @@ def test_flow_sar_raises_the_success_rate_of_a_sparse_reach_policy(train_dir):
     # sparse_reach: reward 1 on success (which ends the episode), 40-step episodes. The untrained flow policy (its
     # chunks are close to N(0, I) noise) succeeds 0.2-0.33 of the time at the first report; with these settings
     # seeds 1-3 reached 0.85-0.89 by 34-46k steps (then wandered between 0.57 and 0.98), the default seed 0.68 by
-    # 80k. Asserted: 0.7 within 150k.
+    # 80k. Asserted: 0.6 within 100k.
     args = [
         *FLOW_SAR,
         "--env=sparse_reach",
@@ -148,10 +148,10 @@ def test_flow_sar_raises_the_success_rate_of_a_sparse_reach_policy(train_dir):
         "--learning_rate=3e-4",
         "--flow_sar_ema_schedule=fixed",
         "--flow_sar_ema_beta=0.95",
-        "--train_for_env_steps=150000",
+        "--train_for_env_steps=100000",
     ]
     result = run_train(train_dir, "reach", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     success = [p.value for p in read_scalars(train_dir / "reach")["episodes/success_rate"]]
     assert success[0] < 0.5, success
-    assert max(success) >= 0.7, success
+    assert max(success) >= 0.6, success

@@ -26,7 +26,7 @@ def test_the_readme_example_trains_its_own_model(tmp_path, train_dir):
     script.write_text(readme_example())
     args = ["--model=layernorm_mlp", "--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=4"]
     command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=mine", *args]
-    result = subprocess.run([*command, "--train_for_env_steps=8192"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([*command, "--train_for_env_steps=4096"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     (checkpoint,) = sorted((train_dir / "mine" / "checkpoints").glob("checkpoint_*.pt"))[-1:]
     saved = torch.load(checkpoint, weights_only=True)

@@ -81,8 +81,15 @@ def chunk_reward(actions: np.ndarray, steps: int) -> float:
 
 
 @pytest.mark.parametrize("env", ["chunk_probe", "chunk_probe_truncated"])
-def test_chunks_reach_the_env_in_order_and_episodes_end_inside_them(tmp_path, train_dir, env):
+def test_chunks_reach_the_env_in_order_episodes_end_inside_them_and_env_steps_count_their_steps(
+    tmp_path, train_dir, env
+):
     batches, _ = run_recorded(tmp_path, train_dir, env)
+    # Env steps count the chunks' steps (3 per entry on average here, not 1), and episodes their length.
+    summary = read_summary(train_dir, "chunks")
+    trained_steps = sum(int(np.array(batch["chunk_steps"])[:, :-1].sum()) for batch in batches)
+    assert summary["env_steps"] == trained_steps == 3 * 64 * len(batches)
+    assert summary["episode_len_mean"] == 6
     assert len(batches) >= 4
     entries = 0
     for batch in batches:
@@ -109,15 +116,6 @@ def test_chunks_reach_the_env_in_order_and_episodes_end_inside_them(tmp_path, tr
                         expected = batch["final_value"] * GAMMA ** (2 - CHUNK)
                         assert batch["truncation_values"][b][t] == pytest.approx(expected, rel=1e-4, abs=1e-4)
     assert entries >= 4 * 64
-
-
-def test_env_steps_count_the_chunks_steps_and_episodes_their_length(tmp_path, train_dir):
-    batches, _ = run_recorded(tmp_path, train_dir, "chunk_probe")
-    summary = read_summary(train_dir, "chunks")
-    trained_steps = sum(int(np.array(batch["chunk_steps"])[:, :-1].sum()) for batch in batches)
-    assert summary["env_steps"] == trained_steps  # 64 entries of 3 env steps each on average, not 64
-    assert trained_steps == 3 * 64 * len(batches)
-    assert summary["episode_len_mean"] == 6
 
 
 def test_a_chunk_needs_continuous_actions(train_dir):
