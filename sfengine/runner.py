@@ -12,6 +12,7 @@ In serial mode every component lives on the runner's loop.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import multiprocessing
@@ -262,8 +263,16 @@ class Runner(Component):
         except ProcessLookupError:
             pass  # it died meanwhile: nothing to print, the stop below still applies
         log.error("%s (hung?); its stack is above; stopping the run (--hang_timeout_sec)", description)
-        process.kill()
-        Component.abandoned_inboxes.append(process.event_loop.signal_queue)
+        ended = [process]
+        if component.startswith("inference_worker"):
+            # A process stopped or killed inside a queue operation holds that queue's lock for good (the queues'
+            # mutexes are not robust), and an inference worker writes into the rollout workers' inboxes several
+            # thousand times a second: a stop sent there could block the runner forever. Rollout workers have
+            # nothing to save and nothing to do without actions, so they end with it; the learner saves as usual.
+            ended += [p for p in self.processes if p.name.startswith("rollout_worker_")]
+        for victim in ended:
+            victim.kill()
+            Component.abandoned_inboxes.append(victim.event_loop.signal_queue)
         self.request_stop(f"hung: {component}", exit_code=1)
 
     def _status(self) -> None:
@@ -447,8 +456,7 @@ def run(
 
     buffers = SharedBuffers.allocate(cfg, obs_spec, action_spec)
     weights = SharedWeights.allocate(model, reference=cfg.flow_sar_on)
-    # FlowSAR's reference starts as the policy (the learner republishes it from its own state before the first batch).
-    weights.publish(model, initial_version, model if cfg.flow_sar_on else None)
+    weights.publish(model, initial_version, flow_sar_reference(cfg, model, resume_state))
 
     task_sequence = None
     if tasks is not None or cfg.critic_free:
@@ -481,6 +489,18 @@ def run(
         print(end_summary(cfg, summary), flush=True)
         print(json.dumps(summary), flush=True)
     return runner.exit_code
+
+
+def flow_sar_reference(cfg: Config, model: ActorCritic, resume_state: dict | None) -> ActorCritic | None:
+    """FlowSAR's reference policy as the run starts: the policy itself, or the checkpoint's reference on resume
+    (the inference workers annotate the first batches with it, before the learner's first update)."""
+    if not cfg.flow_sar_on:
+        return None
+    reference = copy.deepcopy(model)
+    saved = (resume_state or {}).get("flow_sar")
+    if saved is not None:
+        reference.load_state_dict(saved["reference"])
+    return reference
 
 
 def build_task_sequence(cfg: Config, tasks: TaskInfo | None, resume_state: dict | None) -> SharedTaskSequence:

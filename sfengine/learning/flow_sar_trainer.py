@@ -28,6 +28,18 @@ class FlowSARTrainer(PPOTrainer):
         self.reference.requires_grad_(False)
         self.updates = 0
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps beside the model and the optimiser: the reference and its update count (the
+        linear schedule's position)."""
+        return {
+            "reference": {k: t.detach().cpu() for k, t in self.reference.state_dict().items()},
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reference.load_state_dict(state["reference"])
+        self.updates = int(state["updates"])
+
     def train(self, batch: GroupBatch, learner_version: int, env_steps: int) -> dict[str, float]:
         cfg, sar = self.cfg.learner, self.cfg.flow_sar
         for group in self.optimizer.param_groups:

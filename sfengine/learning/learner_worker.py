@@ -101,6 +101,8 @@ class LearnerWorker(Component):
         self.env_steps, self.version = 0, 0
         if self.resume_state is not None:
             self.trainer.optimizer.load_state_dict(self.resume_state["optimizer"])
+            if cfg.flow_sar_on and "flow_sar" in self.resume_state:
+                self.trainer.load_state_dict(self.resume_state["flow_sar"])  # the reference goes on from where it was
             self.env_steps = int(self.resume_state["env_steps"])
             self.version = int(self.resume_state["policy_version"])
             self.resume_state = None
@@ -230,7 +232,9 @@ class LearnerWorker(Component):
 
     def checkpoint_state(self) -> dict:
         others, rank = self.rank_sequences, self.ranks.rank
+        extra = {"flow_sar": self.trainer.state_dict()} if self.cfg.flow_sar_on else {}
         return {
+            **extra,
             "model": {name: t.detach().cpu() for name, t in self.model.state_dict().items()},
             "optimizer": self.trainer.optimizer.state_dict(),
             "env_steps": self.env_steps,

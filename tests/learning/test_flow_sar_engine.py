@@ -37,7 +37,8 @@ CHECKING_SCRIPT = textwrap.dedent(
 
 
     def checking(self, batch, learner_version, env_steps):
-        references.setdefault(0, copy.deepcopy(self.reference))  # version 0: the reference the run started with
+        if not references:  # the reference the run started with: version 0's, or on resume the checkpoint's
+            references[learner_version] = copy.deepcopy(self.reference)
         n = batch.num_steps
         versions, worst, checked = batch.versions[:n], 0.0, 0
         with torch.no_grad():
@@ -88,6 +89,18 @@ def test_every_step_is_annotated_by_the_reference_of_the_version_that_acted(tmp_
     assert all(0.2 <= r["times"][0] and r["times"][1] <= 0.8 for r in records)  # t ~ U[t_min, t_max]
     assert all(r["errors_min"] >= 0.0 for r in records)
     assert "FlowSAR credit, no critic" in result.stdout
+    # Resumed, the reference goes on from the checkpoint's: the first batches are annotated by it, and the EMA's
+    # update count continues (one per policy version).
+    log.unlink()
+    result = subprocess.run([*command, "--train_for_env_steps=24000"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = [json.loads(line) for line in log.read_text().splitlines()]
+    assert resumed and resumed[0]["version"] == records[-1]["version"] + 1
+    assert sum(r["checked"] for r in resumed) == sum(r["steps"] for r in resumed)
+    assert max(r["worst"] for r in resumed) < 1e-4, resumed
+    checkpoint = max((train_dir / "flow_sar" / "checkpoints").glob("checkpoint_*.pt"))
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved["flow_sar"]["updates"] == saved["policy_version"] > resumed[0]["version"]
 
 
 def test_self_annotation_is_the_reference_reconstruction_and_velocity():
@@ -141,15 +154,7 @@ def test_flow_sar_raises_the_success_rate_of_a_sparse_reach_policy(train_dir):
     # chunks are close to N(0, I) noise) succeeds 0.2-0.33 of the time at the first report; with these settings
     # seeds 1-3 reached 0.85-0.89 by 34-46k steps (then wandered between 0.57 and 0.98), the default seed 0.68 by
     # 80k. Asserted: 0.6 within 100k.
-    args = [
-        *FLOW_SAR,
-        "--env=sparse_reach",
-        "--flow_sar_loss_variant=mse_branch",
-        "--learning_rate=3e-4",
-        "--flow_sar_ema_schedule=fixed",
-        "--flow_sar_ema_beta=0.95",
-        "--train_for_env_steps=100000",
-    ]
+    args = ["--cfg=flow_sar", "--env=sparse_reach", "--train_for_env_steps=100000"]  # the from-scratch preset
     result = run_train(train_dir, "reach", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     success = [p.value for p in read_scalars(train_dir / "reach")["episodes/success_rate"]]
