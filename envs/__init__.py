@@ -12,6 +12,9 @@ registration: ``--env=CartPole-v1`` works as it is.
 - ``synthetic``: a fixed CPU cost per step and a configurable observation, to measure the engine's overhead.
 - ``libero_spatial``, ``libero_object``, ``libero_goal``, ``libero_10``, ``libero_90``: LIBERO suites (needs the
   ``libero`` extra: ``pip install -e '.[libero]'``; LIBERO is imported only when such an env is built).
+
+The reach envs and the LIBERO suites also register a scripted demonstrator (``python -m sfengine.demos``): the
+reach one heads for the goal, LIBERO's picks and places (``libero_demonstrator``).
 """
 
 from functools import partial
@@ -19,17 +22,24 @@ from functools import partial
 from sfengine.env_registry import register_env
 from sfengine_envs.chunk_probe import make_chunk_probe, make_chunk_probe_truncated
 from sfengine_envs.image_bandit import make_image_bandit
+from sfengine_envs.libero_demonstrator import PickPlaceDemonstrator
 from sfengine_envs.libero_suite import SUITE_STEP_LIMITS, LiberoOptions, make_libero_env, size_libero
 from sfengine_envs.multitask_toy import make_multitask_toy
-from sfengine_envs.sparse_reach import make_multitask_reach, make_sparse_reach
+from sfengine_envs.sparse_reach import ReachDemonstrator, make_multitask_reach, make_sparse_reach
 from sfengine_envs.synthetic import SyntheticOptions, make_synthetic
 
 register_env("chunk_probe", make_chunk_probe)
 register_env("chunk_probe_truncated", make_chunk_probe_truncated)
 register_env("image_bandit", make_image_bandit)
 register_env("multitask_toy", make_multitask_toy)
-register_env("sparse_reach", make_sparse_reach)
-register_env("multitask_reach", make_multitask_reach)
+register_env("sparse_reach", make_sparse_reach, demonstrator=ReachDemonstrator)
+register_env("multitask_reach", make_multitask_reach, demonstrator=ReachDemonstrator)
 register_env("synthetic", make_synthetic, options=SyntheticOptions)
 for suite in SUITE_STEP_LIMITS:
-    register_env(suite, partial(make_libero_env, suite), sizer=size_libero, options=LiberoOptions)
+    register_env(
+        suite,
+        partial(make_libero_env, suite),
+        sizer=size_libero,
+        options=LiberoOptions,
+        demonstrator=PickPlaceDemonstrator,
+    )

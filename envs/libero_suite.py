@@ -341,6 +341,10 @@ class LiberoSuiteEnv(gym.Env):
         info = {"task": task, "init_state": init_state, "instruction": self.tasks[task].instruction}
         return self._obs(raw), info
 
+    def sim_state(self) -> np.ndarray:
+        """The simulator's flattened MuJoCo state (time, qpos, qvel), as LIBERO's datasets record it."""
+        return self.sim.env.sim.get_state().flatten()
+
     def render(self) -> np.ndarray | None:
         """The agentview camera at ``render_size`` pixels, upright (None when the env was built without it)."""
         if not self.render_size or self.sim is None:

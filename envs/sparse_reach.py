@@ -53,6 +53,17 @@ class SparseReachEnv(gym.Env):
         return self._obs(), float(success), success, truncated, info
 
 
+class ReachDemonstrator:
+    """The scripted expert of the reach envs (``python -m sfengine.demos``): full speed towards the goal."""
+
+    def reset(self, env) -> None:
+        pass
+
+    def act(self, env) -> np.ndarray:
+        heading = (env.goal - env.position) / STEP_SIZE
+        return np.clip(heading, -1.0, 1.0).astype(np.float32)
+
+
 def make_sparse_reach(ctx: EnvContext) -> gym.Env:
     return SparseReachEnv(ctx.max_episode_steps or EPISODE_STEPS)
 

@@ -74,12 +74,22 @@ EnvFactory = Callable[[EnvContext], gym.Env]
 
 _REGISTRY: dict[str, EnvFactory] = {}
 _SIZERS: dict[str, Sizer] = {}
+_DEMONSTRATORS: dict[str, Callable[[], Any]] = {}
 
 
-def register_env(name: str, factory: EnvFactory, sizer: Sizer | None = None, options: type | None = None) -> None:
+def register_env(
+    name: str,
+    factory: EnvFactory,
+    sizer: Sizer | None = None,
+    options: type | None = None,
+    demonstrator: Callable[[], Any] | None = None,
+) -> None:
     """Make ``--env=<name>`` build envs with ``factory(ctx: EnvContext) -> gymnasium.Env``. ``sizer`` (see
     ``sfengine.sizing``) chooses the options set to ``auto`` for this env from what its envs cost. ``options``:
-    the dataclass of the env's own options (see the module docstring); the factory gets them as ``ctx.options``."""
+    the dataclass of the env's own options (see the module docstring); the factory gets them as ``ctx.options``.
+    ``demonstrator``: a module-level callable returning a scripted expert for ``python -m sfengine.demos``, an
+    object with ``reset(env)`` after each env reset and ``act(env) -> action``, reading the (unwrapped) env's
+    privileged state; ``reset`` raises ValueError for a task it cannot solve."""
     if not callable(factory):
         raise TypeError(f"register_env({name!r}, ...): factory must be callable")
     if options is not None:
@@ -87,12 +97,20 @@ def register_env(name: str, factory: EnvFactory, sizer: Sizer | None = None, opt
     _REGISTRY[name] = factory
     if sizer is not None:
         _SIZERS[name] = sizer
+    if demonstrator is not None:
+        _DEMONSTRATORS[name] = demonstrator
 
 
 def env_sizer(name: str) -> Sizer | None:
     """The sizer registered with env ``name``, if any."""
     load_builtin_envs()
     return _SIZERS.get(name)
+
+
+def env_demonstrator(name: str) -> Callable[[], Any] | None:
+    """The demonstrator factory registered with env ``name``, if any."""
+    load_builtin_envs()
+    return _DEMONSTRATORS.get(name)
 
 
 def make_gymnasium_env(ctx: EnvContext) -> gym.Env:

@@ -1,0 +1,5 @@
+import sys
+
+from sfengine.demos.record import main
+
+sys.exit(main())
