@@ -111,6 +111,12 @@ class LearnerConfig:
     vtrace_c: float = option(1.0, "V-trace trace-cutting clip")
     learner_threads: int = option(1, "torch CPU threads in the learner process (rollout and inference use 1)")
     device: str = option("cpu", "device of the learner and inference workers", ("cpu", "cuda"))
+    critic_warmup_batches: int = option(
+        0,
+        "train the value head alone for the first N training batches: the policy's weights, its log-std and the "
+        "observation statistics stay as they start (the workers act with the initial policy, e.g. one from "
+        "--init_from); with --actor_critic=shared the encoder is the policy's and stays too, only the value head moves",
+    )
     algo: str = option(
         "ppo",
         "ppo (the policy surrogate of --clip_mode with the advantages of --advantage), or flow_sar (a flow-matching "
@@ -287,6 +293,12 @@ class RunConfig:
     )
     stats_window: int = option(100, "episodes averaged for the return, length and success statistics")
     benchmark: bool = option(False, "sampling only: collect and discard trajectories, no training")
+    init_from: str = option(
+        "",
+        "start from the weights and observation statistics of an experiment in --train_dir (its latest checkpoint) "
+        "or of a checkpoint file, e.g. a sfengine.pretrain run; the optimiser, step count, return statistics and "
+        "task sequence start fresh. An experiment that resumes from a checkpoint of its own ignores it",
+    )
 
 
 @dataclass
@@ -595,21 +607,50 @@ def build_parser(
     for group_name in [*GROUPS, *ENV_OPTION_GROUPS]:
         envs = envs_taking(group_name)
         description = f"options of --env={', '.join(envs)}" if envs else None
-        group = parser.add_argument_group(group_name, description)
-        for name, info in table.items():
-            if info.group != group_name:
-                continue
-            metadata, type_name = info.field.metadata, _type_name(info.annotation)
-            # SUPPRESS keeps unset options out of the namespace, so a preset is not overridden by defaults.
-            group.add_argument(
-                f"--{name}",
-                default=argparse.SUPPRESS,
-                metavar={"list": "INT,INT,..."}.get(type_name, type_name.upper()),
-                help=f"{metadata['help']} (default: {info.default})"
-                + (f"; one of {', '.join(metadata['choices'])}" if metadata["choices"] else "")
-                + ("; auto: chosen from the cores and memory at start" if metadata["auto"] else ""),
-            )
+        options = {name: info for name, info in table.items() if info.group == group_name}
+        add_option_group(parser, group_name, options, description)
     return parser
+
+
+def add_option_group(
+    parser: argparse.ArgumentParser, title: str, options: dict[str, OptionInfo], description: str | None = None
+) -> None:
+    """Add ``options`` to ``parser`` as one titled group of ``--help``."""
+    group = parser.add_argument_group(title, description)
+    for name, info in options.items():
+        metadata, type_name = info.field.metadata, _type_name(info.annotation)
+        # SUPPRESS keeps unset options out of the namespace, so a preset is not overridden by defaults.
+        group.add_argument(
+            f"--{name}",
+            default=argparse.SUPPRESS,
+            metavar={"list": "INT,INT,..."}.get(type_name, type_name.upper()),
+            help=f"{metadata['help']} (default: {info.default})"
+            + (f"; one of {', '.join(metadata['choices'])}" if metadata["choices"] else "")
+            + ("; auto: chosen from the cores and memory at start" if metadata["auto"] else ""),
+        )
+
+
+def command_options(options_cls: type, argv: list[str]) -> tuple[Any, list[str]]:
+    """The options of a command's own dataclass (``group`` names its ``--help`` group; sfengine.pretrain's, say),
+    taken out of ``argv``: the filled-in dataclass, validated by its ``validate()`` if it has one, and the rest of
+    ``argv``, for ``parse_config``. Add the group to the command's parser with ``add_command_options`` for --help."""
+    options = _options_of({options_cls.group: options_cls})
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_option_group(parser, options_cls.group, options)
+    try:
+        namespace, rest = parser.parse_known_args(argv)
+    except SystemExit:
+        raise ConfigError("invalid command line; see the message above and --help") from None
+    given = {name: _coerce(name, value, options[name]) for name, value in vars(namespace).items()}
+    instance = options_cls(**given)
+    if hasattr(instance, "validate"):
+        instance.validate()
+    return instance, rest
+
+
+def add_command_options(parser: argparse.ArgumentParser, options_cls: type) -> None:
+    """Show a command's own options (see ``command_options``) as a group of its ``--help``."""
+    add_option_group(parser, options_cls.group, _options_of({options_cls.group: options_cls}))
 
 
 def auto_capable_options(cfg: Config) -> list[str]:
@@ -680,6 +721,13 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must not be negative")
     _validate_policy_loss(cfg.policy_loss)
     _validate_flow(cfg)
+    if lrn.critic_warmup_batches < 0:
+        raise ConfigError(f"--critic_warmup_batches={lrn.critic_warmup_batches} must not be negative")
+    if lrn.critic_warmup_batches and cfg.critic_free:
+        raise ConfigError(
+            "--critic_warmup_batches trains the value head, and this run has none (critic-free advantages or "
+            "--algo=flow_sar): drop it, or train with --advantage=gae or vtrace"
+        )
     _validate_advantage(cfg)
     if cfg.model.action_chunk < 1:
         raise ConfigError(f"--action_chunk={cfg.model.action_chunk} must be at least 1 (1: one action per request)")
@@ -862,6 +910,8 @@ def load_saved_config(path: Path) -> dict[str, Any]:
 
 
 def save_config(cfg: Config, path: Path) -> None:
+    # An option still at auto (a run that sized nothing: sfengine.pretrain) is written as "auto", which loads back.
+    data = {name: {k: "auto" if v == AUTO else v for k, v in group.items()} for name, group in cfg.to_dict().items()}
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(cfg.to_dict(), indent=2))
+    tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)

@@ -102,6 +102,8 @@ def learner_line(clip_mode: str, learner: dict[str, float]) -> str:
         line += f" saturated {learner['sapo_saturated_fraction']:.2f}"
     if "groups_dropped_fraction" in learner:
         line += f"  groups dropped {learner['groups_dropped_fraction']:.2f}"
+    if learner.get("critic_warmup"):
+        line += "  critic warm-up: the policy is frozen"
     return line
 
 

@@ -6,14 +6,16 @@ env name, checkpoint). Bad input is reported on one line.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from sfengine.checkpoint import CheckpointError, list_checkpoints, load_latest_checkpoint
+from sfengine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest_checkpoint
 from sfengine.config import Config, ConfigError, check_group_layout, env_defaults_preset, parse_config, save_config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_env_factory
@@ -77,7 +79,14 @@ def episode_step_limit(env) -> int:
     return int(getattr(env.unwrapped, "max_episode_steps", 0) or 0)
 
 
-def build_model(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, resume_state: dict | None) -> ActorCritic:
+def build_model(
+    cfg: Config,
+    obs_spec: ObsSpec,
+    action_spec: ActionSpec,
+    resume_state: dict | None,
+    init_from: tuple[Path, dict] | None = None,
+) -> ActorCritic:
+    """The run's model: seeded from --seed, then the checkpoint it resumes, or the one of --init_from."""
     torch.manual_seed(cfg.env.seed)
     model = ActorCritic.for_config(cfg, obs_spec, action_spec)
     if resume_state is not None:
@@ -88,7 +97,63 @@ def build_model(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, resume_
                 f"the latest checkpoint of '{cfg.run.experiment}' does not fit this model/env "
                 f"({str(exc).splitlines()[0]}); use the original settings or --restart_behavior=restart"
             ) from None
+    elif init_from is not None:
+        path, state = init_from
+        try:
+            critic = model.load_initial_state(state["model"])
+        except ValueError as exc:
+            raise CheckpointError(
+                f"--init_from: {path} does not fit env '{cfg.env.env}' with these model settings ({exc}); give the "
+                f"env, observations, --action_chunk, --policy_head and network options it was trained with"
+                + init_from_env_hint(path, cfg.env.env)
+            ) from None
+        print(
+            f"starting from the weights of {path} (--init_from): policy, observation statistics"
+            + (" and critic" if critic else "; the critic starts afresh")
+            + "; a fresh optimiser at step 0",
+            flush=True,
+        )
     return model
+
+
+def init_from_env_hint(path: Path, env: str) -> str:
+    """`` (it was trained on --env=X)`` when the checkpoint's run says so and X is not ``env``."""
+    saved = path.parent.parent / "config.json"
+    try:
+        trained_on = json.loads(saved.read_text())["env"]["env"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f" (its run was on --env={trained_on})" if trained_on != env else ""
+
+
+def load_init_from(cfg: Config, resuming: bool) -> tuple[Path, dict] | None:
+    """The checkpoint of --init_from: a checkpoint file, or the latest of an experiment (a directory, or a name in
+    --train_dir). A run that resumes from a checkpoint of its own ignores it, and says so: rerunning the command
+    that started it continues it."""
+    source = cfg.run.init_from
+    if not source:
+        return None
+    if resuming:
+        print(
+            f"--init_from={source} ignored: '{cfg.run.experiment}' resumes from its own checkpoint "
+            "(--restart_behavior=restart starts it over from --init_from)",
+            flush=True,
+        )
+        return None
+    path = Path(source)
+    if not path.is_file():
+        experiment_dir = path if path.is_dir() else Path(cfg.run.train_dir) / source
+        checkpoints = list_checkpoints(experiment_dir)
+        if not checkpoints:
+            raise CheckpointError(
+                f"--init_from={source}: no checkpoint file, and no experiment with checkpoints at {experiment_dir}; "
+                "give a checkpoint path, or an experiment name in --train_dir"
+            )
+        path = checkpoints[-1]
+    try:
+        return path, load_checkpoint(path)
+    except CheckpointError as exc:
+        raise CheckpointError(f"--init_from: {exc}") from None
 
 
 def inference_dtype_warning(cfg: Config, obs_spec: ObsSpec) -> str | None:
@@ -126,10 +191,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{ranks.world_size} ranks but only {sum(tasks.init_states_per_task)} (task, init state) pairs in "
                 f"'{cfg.env.env}': every rank needs one; run fewer ranks"
             )
-        if cfg.run.restart_behavior == "resume" and list_checkpoints(cfg.experiment_dir):
+        resuming = cfg.run.restart_behavior == "resume" and bool(list_checkpoints(cfg.experiment_dir))
+        if resuming:
             print(f"resuming '{cfg.run.experiment}' from {list_checkpoints(cfg.experiment_dir)[-1]}", flush=True)
+        # --init_from is read and fitted before --restart_behavior moves or deletes a directory, and a checkpoint
+        # that does not fit leaves every directory as it was. (A run that starts from it resumes nothing.)
+        init_from = load_init_from(cfg, resuming)
+        if init_from is not None:
+            model = build_model(cfg, obs_spec, action_spec, None, init_from)
         resume_state = prepare_experiment_dir(cfg, ranks)
-        model = build_model(cfg, obs_spec, action_spec, resume_state)
+        if init_from is None:
+            model = build_model(cfg, obs_spec, action_spec, resume_state)
         choose_inference_backend(cfg, model)  # --inference_backend=numpy on a policy it cannot run: say so here
     except (ConfigError, CheckpointError) as exc:
         print(f"sfengine.train: error: {exc}", file=sys.stderr)

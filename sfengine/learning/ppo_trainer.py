@@ -51,7 +51,13 @@ class PPOTrainer:
         if isinstance(batch, GroupBatch):
             stats = self._train_on_groups(batch, learner_version)
         else:
-            stats = self._train_with_critic(batch, learner_version)
+            # Critic warm-up: the learner's version counts the batches trained (on resume too). The policy's
+            # parameters get no gradient, so Adam leaves them bit-identical, and the observation statistics wait.
+            warming_up = learner_version < self.cfg.learner.critic_warmup_batches
+            for param in self.model.policy_parameters():
+                param.requires_grad_(not warming_up)
+            stats = self._train_with_critic(batch, learner_version, update_normalizers=not warming_up)
+            stats["critic_warmup"] = float(warming_up)
         num_updates = self.cfg.learner.num_epochs * self.cfg.learner.num_batches_per_epoch
         stats.update({name: total / num_updates for name, total in self.sums.items()})
         stats.update(
@@ -61,7 +67,9 @@ class PPOTrainer:
         )
         return stats
 
-    def _train_with_critic(self, batch: TrajectoryBuffers, learner_version: int) -> dict[str, float]:
+    def _train_with_critic(
+        self, batch: TrajectoryBuffers, learner_version: int, update_normalizers: bool = True
+    ) -> dict[str, float]:
         """GAE or V-trace advantages from the critic, over ``B`` trajectories of ``T`` steps."""
         cfg = self.cfg.learner
         num_traj, horizon = batch.rewards.shape[0], batch.rewards.shape[1] - 1
@@ -122,7 +130,8 @@ class PPOTrainer:
 
         # The observation statistics move only after the update: during it the model sees its inputs as the acting
         # policy saw them, so an on-policy update starts at ratio 1 and its value anchors are the critic's own.
-        self.model.update_normalizers({key: obs[:, steps] for key, obs in batch.obs.items()}, self.group.sum)
+        if update_normalizers:
+            self.model.update_normalizers({key: obs[:, steps] for key, obs in batch.obs.items()}, self.group.sum)
         lag = (learner_version - batch.versions[:, steps]).float()
         stats = {
             "policy_lag_mean": float(lag.mean()),

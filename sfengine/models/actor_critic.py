@@ -171,6 +171,14 @@ def register_model(name: str, factory: ModelFactory) -> None:
 
 
 DEFAULT_MODEL = "actor_critic"
+# The critic's modules: the value head, its own encoders (--actor_critic=separate) and the return statistics. The
+# rest is the policy, a shared encoder and the observation normalisers included.
+CRITIC_MODULES = ("value_head", "value_encoders", "return_normalizer")
+
+
+def is_critic_key(name: str) -> bool:
+    """Whether a parameter or buffer name of an ActorCritic's state dict belongs to the critic."""
+    return name.split(".", 1)[0] in CRITIC_MODULES
 
 
 class PolicyOutput(NamedTuple):
@@ -264,6 +272,31 @@ class ActorCritic(nn.Module):
         if self.state_dependent_std:
             with torch.no_grad():
                 self.policy_head.bias[self.action_spec.dim :] = initial_log_std
+
+    def policy_parameters(self) -> list[nn.Parameter]:
+        """Every parameter but the critic's: the policy head (and log-std or flow head) and the encoders it reads,
+        which with ``--actor_critic=shared`` feed the value head too."""
+        return [param for name, param in self.named_parameters() if not is_critic_key(name)]
+
+    def load_initial_state(self, saved: dict[str, Tensor]) -> bool:
+        """Start from another run's weights (``--init_from``): the policy and the observation statistics must fit
+        exactly, or ValueError names the first difference. The critic (value head and its own encoders) is taken
+        when every one of its tensors fits, and otherwise stays as initialised (a checkpoint of a critic-free or
+        differently built critic); the return statistics always start fresh. Returns whether the critic was taken."""
+        own = self.state_dict()
+        policy = [name for name in own if not is_critic_key(name)]
+        critic = [name for name in own if is_critic_key(name) and not name.startswith("return_normalizer.")]
+        unexpected = sorted(name for name in saved if not is_critic_key(name) and name not in own)
+        if unexpected:
+            raise ValueError(f"the checkpoint has {unexpected[0]}, which this model lacks")
+        for name in policy:
+            if name not in saved:
+                raise ValueError(f"the checkpoint lacks {name}")
+            if saved[name].shape != own[name].shape:
+                raise ValueError(f"{name} is {tuple(saved[name].shape)} there, {tuple(own[name].shape)} here")
+        take_critic = bool(critic) and all(name in saved and saved[name].shape == own[name].shape for name in critic)
+        self.load_state_dict({name: saved[name] for name in policy + (critic if take_critic else [])}, strict=False)
+        return take_critic
 
     def for_inference(self, dtype: torch.dtype) -> ActorCritic:
         """Make this copy an inference copy whose CNN encoders compute in ``dtype`` (bfloat16 cuts their CPU

@@ -1,0 +1,303 @@
+"""``python -m sfengine.pretrain``: behavioural cloning of the engine's policy from demonstrations.
+
+    python -m sfengine.pretrain --demos=object.hdf5 --experiment=object_bc
+    python -m sfengine.evaluate --experiment=object_bc
+    python -m sfengine.train --init_from=object_bc --experiment=object_rl --critic_warmup_batches=10
+
+The run's configuration is a training run's (the same options and presets; ``--env`` and ``--libero_obs_mode``
+default to the demonstrations'), and the model is the one ``sfengine.train`` builds for that env from the env's
+spaces. The actor learns the demonstrated actions (``sfengine.learning.behavior_cloning``) on the episodes not held
+out for validation; the observation statistics are the training demonstrations'; the value head stays as
+initialised. ``train_dir/<experiment>/`` then holds what a training run leaves: ``config.json``, a checkpoint
+(policy version 0, 0 env steps), ``tensorboard/`` (``pretrain/train_loss``, ``pretrain/validation_loss`` per
+epoch) and ``summary.json``.
+
+Exit codes: 0 done (also after Ctrl-C, with the epochs so far saved), 2 bad input (options, demonstrations that
+do not fit the env, an experiment that already has checkpoints), reported on one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from tensorboardX import SummaryWriter
+
+from sfengine.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
+from sfengine.config import (
+    ENV_OPTION_GROUP_OF,
+    Config,
+    ConfigError,
+    add_command_options,
+    build_parser,
+    command_options,
+    load_preset,
+    option,
+    option_table,
+    parse_config,
+)
+from sfengine.distributed import RankInfo
+from sfengine.env_registry import resolve_env_factory
+from sfengine.event_loop import configure_logging
+from sfengine.learning.behavior_cloning import demo_samples, split_by_episode, train_epoch, validation_loss
+from sfengine.progress import format_duration
+from sfengine.spaces import ActionSpec, ObsSpec
+from sfengine.train import build_model, prepare_experiment_dir, probe_env
+
+OBS_MODE_OPTION = "libero_obs_mode"  # the env option a demonstration file's obs_mode sets
+LOSS_NAMES = {"gaussian": "negative log-likelihood", "flow": "flow-matching error"}
+
+
+@dataclass
+class PretrainOptions:
+    """sfengine.pretrain's own options (its group in --help)."""
+
+    group: ClassVar[str] = "pretrain"
+    demos: str = option("", "demonstration files (sfengine.demos format), comma-separated")
+    pretrain_epochs: int = option(50, "passes over the training demonstrations")
+    pretrain_batch_size: int = option(256, "samples (steps) per optimiser step")
+    pretrain_learning_rate: float = option(3e-4, "Adam learning rate")
+    validation_fraction: float = option(
+        0.1, "share of the demonstrations (whole episodes) held out for the validation loss; 0: none"
+    )
+
+    def validate(self) -> None:
+        if self.pretrain_epochs < 1 or self.pretrain_batch_size < 1:
+            raise ConfigError("--pretrain_epochs and --pretrain_batch_size must be at least 1")
+        if self.pretrain_learning_rate <= 0:
+            raise ConfigError(f"--pretrain_learning_rate={self.pretrain_learning_rate} must be positive")
+        if not 0 <= self.validation_fraction < 1:
+            raise ConfigError(f"--validation_fraction={self.validation_fraction} must lie in [0, 1)")
+
+
+def read_demo_files(paths: str) -> Any:
+    """The DemoSet of ``--demos`` (several files are read as one set)."""
+    from sfengine.demos.dataset import read_demos
+
+    files = [path for path in paths.split(",") if path]
+    try:
+        return read_demos(files)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"--demos={paths}: {exc}") from None
+
+
+def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
+    """The options that ``argv`` sets, on its command line or in its ``--cfg`` preset (``--help`` exits here)."""
+    try:
+        namespace = parser.parse_args(argv)
+    except SystemExit as exc:
+        if exc.code == 0:
+            raise
+        raise ConfigError("invalid command line; see the message above and --help") from None
+    preset = load_preset(namespace.cfg) if namespace.cfg else {}
+    return {**preset, **{name: value for name, value in vars(namespace).items() if name != "cfg"}}
+
+
+def demo_defaults(given: dict[str, Any], demo_set) -> list[str]:
+    """What the demonstrations say where the user said nothing: the env and its observation mode. A flow head
+    goes with --algo=flow_sar, the algorithm that fine-tunes it, so the checkpoint's config.json builds the same
+    critic-free model in sfengine.evaluate and sfengine.train."""
+    defaults = {"env": demo_set.env}
+    env = given.get("env", demo_set.env)
+    if ENV_OPTION_GROUP_OF.get(env) == option_table()[OBS_MODE_OPTION].group:
+        defaults[OBS_MODE_OPTION] = demo_set.obs_mode
+    if given.get("policy_head") == "flow":
+        defaults.update(algo="flow_sar", group_outcome="success")
+    return [f"--{name}={value}" for name, value in defaults.items() if name not in given]
+
+
+def check_demos_fit(demo_set, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
+    """The demonstrations must come from this env, with its observations and actions."""
+    if demo_set.env != cfg.env.env:
+        raise ConfigError(f"the demonstrations come from env '{demo_set.env}', not --env={cfg.env.env}: drop --env")
+    if cfg.own_env_options is not None and getattr(cfg.own_env_options, OBS_MODE_OPTION, None) not in (
+        None,
+        demo_set.obs_mode,
+    ):
+        raise ConfigError(f"the demonstrations hold {demo_set.obs_mode} observations: drop --{OBS_MODE_OPTION}")
+    if not demo_set.demos:
+        raise ConfigError("the demonstration files hold no episodes")
+    if action_spec.discrete:
+        raise ConfigError(f"env '{cfg.env.env}' has discrete actions; behavioural cloning here needs a Box action")
+    for index, demo in enumerate(demo_set.demos):
+        where = f"demonstration {index} (task {demo.task}, init state {demo.init_state})"
+        if set(demo.obs) != set(obs_spec.shapes):
+            raise ConfigError(
+                f"{where} has observations {sorted(demo.obs)}, env '{cfg.env.env}' {sorted(obs_spec.shapes)}"
+            )
+        for key, shape in obs_spec.shapes.items():
+            if tuple(demo.obs[key].shape[1:]) != shape or len(demo.obs[key]) != len(demo.actions):
+                raise ConfigError(
+                    f"{where}: observation '{key}' is {tuple(demo.obs[key].shape)}, expected {len(demo.actions)} "
+                    f"steps of {shape}"
+                )
+        if len(demo.actions) == 0 or demo.actions.ndim != 2 or demo.actions.shape[1] != action_spec.env_dim:
+            raise ConfigError(
+                f"{where}: actions are {tuple(demo.actions.shape)}, expected steps of {action_spec.env_dim} values"
+            )
+
+
+class ProgressLine:
+    """A progress bar on stderr: redrawn in place on a terminal; elsewhere (a log file) one line per epoch."""
+
+    WIDTH = 24
+
+    def __init__(self, epochs: int, steps_per_epoch: int):
+        self.epochs, self.steps_per_epoch = epochs, steps_per_epoch
+        self.live = sys.stderr.isatty()
+        self.drawn = 0.0
+        self.epoch = 1  # the epoch under way
+
+    def step(self, done: int, loss: float) -> None:
+        if not self.live or time.monotonic() - self.drawn < 0.2:
+            return
+        self.drawn = time.monotonic()
+        filled = self.WIDTH * done // self.steps_per_epoch
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        sys.stderr.write(f"\repoch {self.epoch}/{self.epochs} [{bar}] {done}/{self.steps_per_epoch} loss {loss:.4f}")
+        sys.stderr.flush()
+
+    def epoch_done(self, epoch: int, train_loss: float, val_loss: float | None, started: float) -> None:
+        elapsed = time.time() - started
+        eta = elapsed / epoch * (self.epochs - epoch)
+        validation = f", validation {val_loss:.4f}" if val_loss is not None else ""
+        line = f"epoch {epoch}/{self.epochs}: train loss {train_loss:.4f}{validation} ({format_duration(eta)} to go)"
+        sys.stderr.write(("\r\033[K" if self.live else "") + line + "\n")
+        sys.stderr.flush()
+
+
+def pretrain(cfg: Config, options: PretrainOptions, demo_set, obs_spec: ObsSpec, action_spec: ActionSpec) -> dict:
+    """Clone the demonstrations into the run's model; write the checkpoint, TensorBoard and summary.json."""
+    device = torch.device(cfg.learner.device)
+    torch.set_num_threads(cfg.learner.learner_threads)
+    samples = demo_samples(demo_set.demos, cfg.model.action_chunk)
+    train_episodes, held_out = split_by_episode(len(demo_set.demos), options.validation_fraction, cfg.env.seed)
+    train, validation = samples.of_episodes(train_episodes), samples.of_episodes(held_out)
+    model = build_model(cfg, obs_spec, action_spec, None)
+    model.update_normalizers(train.obs)  # the running statistics the engine's model carries: the demonstrations'
+    model.to(device)
+    train, validation = train.to(device), validation.to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=options.pretrain_learning_rate, eps=cfg.learner.adam_eps)
+    generator = torch.Generator(device=device).manual_seed(cfg.env.seed)
+    batch_size, epochs = options.pretrain_batch_size, options.pretrain_epochs
+    head = cfg.model.policy_head
+    print(
+        f"sfengine.pretrain: behavioural cloning of a {head} policy on {cfg.env.env} ({LOSS_NAMES[head]})\n"
+        f"  demonstrations: {len(train_episodes)} episodes ({len(train)} samples) to train on, {len(held_out)} "
+        f"({len(validation)} samples) held out; chunks of {cfg.model.action_chunk}\n"
+        f"  {epochs} epochs of batches of {batch_size}, learning rate {options.pretrain_learning_rate:g}\n"
+        f"  files:  {cfg.experiment_dir} (config.json, checkpoints/, tensorboard/, summary.json)",
+        flush=True,
+    )
+
+    def validate() -> float | None:
+        return validation_loss(model, validation, batch_size, cfg.env.seed) if len(validation) else None
+
+    writer = SummaryWriter(str(cfg.experiment_dir / "tensorboard"), flush_secs=10)
+    started = time.time()
+    losses: dict[str, list[float | None]] = {"train": [], "validation": [validate()]}
+    if losses["validation"][0] is not None:
+        writer.add_scalar("pretrain/validation_loss", losses["validation"][0], 0)
+    progress = ProgressLine(epochs, -(-len(train) // batch_size))
+    stop_reason = f"trained for {epochs} epochs"
+    try:
+        for epoch in range(1, epochs + 1):
+            progress.epoch = epoch
+            train_loss = train_epoch(model, optimizer, train, batch_size, generator, progress.step)
+            val_loss = validate()
+            losses["train"].append(train_loss)
+            losses["validation"].append(val_loss)
+            writer.add_scalar("pretrain/train_loss", train_loss, epoch)
+            if val_loss is not None:
+                writer.add_scalar("pretrain/validation_loss", val_loss, epoch)
+            progress.epoch_done(epoch, train_loss, val_loss, started)
+    except KeyboardInterrupt:
+        stop_reason = f"interrupted after {len(losses['train'])} epochs"
+    writer.close()
+    path = save_checkpoint(cfg.experiment_dir, checkpoint_state(model, optimizer, options), cfg.run.keep_checkpoints)
+    summary = {
+        "demos": options.demos,
+        "env": cfg.env.env,
+        "policy_head": head,
+        "action_chunk": cfg.model.action_chunk,
+        "train_episodes": len(train_episodes),
+        "validation_episodes": len(held_out),
+        "train_samples": len(train),
+        "validation_samples": len(validation),
+        "epochs": len(losses["train"]),
+        "loss": LOSS_NAMES[head],
+        "train_loss": losses["train"],
+        "validation_loss": losses["validation"],  # entry 0: before training
+        "wall_seconds": round(time.time() - started, 2),
+        "checkpoint": str(path),
+        "stop_reason": stop_reason,
+        "exit_code": 0,
+    }
+    summary_path = cfg.experiment_dir / "summary.json"
+    summary_path.with_suffix(".json.tmp").write_text(json.dumps(summary, indent=2))
+    os.replace(summary_path.with_suffix(".json.tmp"), summary_path)
+    return summary
+
+
+def checkpoint_state(model, optimizer: torch.optim.Optimizer, options: PretrainOptions) -> dict:
+    """A training run's checkpoint at its start (policy version 0, 0 env steps, no task sequence), so that
+    sfengine.evaluate and sfengine.train --init_from read it as they read any other."""
+    return {
+        "model": {name: t.detach().cpu() for name, t in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "env_steps": 0,
+        "policy_version": 0,
+        "task_sequence": {"ranks": []},
+        "pretrain": {"demos": options.demos, "epochs": options.pretrain_epochs},
+    }
+
+
+def main(argv: list[str] | None = None, demo_set=None) -> int:
+    """The command line; ``demo_set`` (a ``sfengine.demos.dataset.DemoSet``) clones demonstrations built in
+    memory instead of ``--demos`` files."""
+    configure_logging()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser("python -m sfengine.pretrain", __doc__.split("\n\n")[0])
+        add_command_options(parser, PretrainOptions)
+        options, rest = command_options(PretrainOptions, argv)
+        given = given_options(parser, rest)
+        if demo_set is None:
+            if not options.demos:
+                raise ConfigError("give the demonstrations: --demos=FILE[,FILE...]")
+            demo_set = read_demo_files(options.demos)
+        cfg = parse_config([*demo_defaults(given, demo_set), *rest], parser)
+        obs_spec, action_spec, _ = probe_env(cfg, resolve_env_factory(cfg.env.env))
+        check_demos_fit(demo_set, cfg, obs_spec, action_spec)
+        split_by_episode(len(demo_set.demos), options.validation_fraction, cfg.env.seed)  # a bad split fails here
+        if cfg.run.restart_behavior == "resume" and list_checkpoints(cfg.experiment_dir):
+            raise ConfigError(
+                f"experiment '{cfg.run.experiment}' already has checkpoints: choose another --experiment, or "
+                "--restart_behavior=restart (moves it aside) or overwrite"
+            )
+        prepare_experiment_dir(cfg, RankInfo())
+    except (ConfigError, CheckpointError, ValueError) as exc:
+        print(f"sfengine.pretrain: error: {exc}", file=sys.stderr)
+        return 2
+    summary = pretrain(cfg, options, demo_set, obs_spec, action_spec)
+    first, last = summary["validation_loss"][0], summary["validation_loss"][-1]
+    change = f"validation loss {first:.4f} -> {last:.4f}" if last is not None else "no validation split"
+    print(
+        f"done: {summary['stop_reason']} in {summary['wall_seconds']:.1f} s; {change}; {summary['checkpoint']}\n"
+        f"  evaluate: python -m sfengine.evaluate --train_dir={cfg.run.train_dir} --experiment={cfg.run.experiment}\n"
+        f"  fine-tune: python -m sfengine.train --train_dir={cfg.run.train_dir} --init_from={cfg.run.experiment} "
+        "--experiment=<new name>",
+        flush=True,
+    )
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""sfengine.pretrain (behavioural cloning) and sfengine.train --init_from, end to end on sparse_reach.
+
+The demonstrations come from a scripted controller that heads for the goal with some noise: it succeeds in about
+4 steps. A random Gaussian policy succeeds in 27% of the episodes (its mode, 0 everywhere, never); the clone of 40
+demonstrations, in every one of 200 (2026-11-25).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import evaluate, run_train
+from sfengine import pretrain, train
+from sfengine.checkpoint import list_checkpoints
+from sfengine.events import read_scalars
+from sfengine.learning.behavior_cloning import demo_samples, split_by_episode
+from sfengine.models.actor_critic import is_critic_key
+from sfengine_envs.sparse_reach import SparseReachEnv
+
+NUM_DEMOS = 40
+TRAINING_CHECKPOINT_KEYS = {"format_version", "model", "optimizer", "env_steps", "policy_version", "task_sequence"}
+FAST_BC = ["--pretrain_epochs=150", "--pretrain_batch_size=32", "--pretrain_learning_rate=3e-3"]
+
+
+@dataclass
+class Demo:
+    """The fields of a ``sfengine.demos.dataset.Demo`` that behavioural cloning reads."""
+
+    obs: dict[str, np.ndarray]
+    actions: np.ndarray
+    task: int = 0
+    init_state: int = 0
+
+
+@dataclass
+class DemoSet:
+    env: str
+    obs_mode: str
+    demos: list[Demo]
+    meta: dict = field(default_factory=dict)
+
+
+def scripted_demos(count: int, noise: float = 0.2) -> DemoSet:
+    """Episodes of a controller that moves toward the goal at full speed, with Gaussian noise on each action."""
+    rng, env, demos = np.random.default_rng(0), SparseReachEnv(), []
+    for episode in range(count):
+        obs, _ = env.reset(seed=1000 + episode)
+        observations, actions, done = [], [], False
+        while not done:
+            direction = (obs[2:] - obs[:2]) / np.linalg.norm(obs[2:] - obs[:2])
+            action = np.clip(direction + noise * rng.standard_normal(2), -1.0, 1.0).astype(np.float32)
+            observations.append(obs)
+            actions.append(action)
+            obs, _, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+        demos.append(Demo({"obs": np.array(observations)}, np.array(actions), init_state=episode))
+    return DemoSet("sparse_reach", "state", demos)
+
+
+def run_pretrain(train_dir: Path, experiment: str, *args: str, demos: DemoSet | None = None) -> int:
+    argv = [f"--train_dir={train_dir}", f"--experiment={experiment}", *args]
+    return pretrain.main(argv, demo_set=demos or scripted_demos(NUM_DEMOS))
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def cloned(tmp_path_factory) -> Path:
+    """The train_dir of a behavioural-cloning run 'bc' (Gaussian head)."""
+    train_dir = tmp_path_factory.mktemp("bc") / "train_dir"
+    assert run_pretrain(train_dir, "bc", *FAST_BC) == 0
+    return train_dir
+
+
+def test_chunks_run_past_the_episode_end_with_its_last_action_repeated():
+    demo = Demo({"obs": np.zeros((3, 4), np.float32)}, np.array([[1, 1], [2, 2], [3, 3]], np.float32))
+    samples = demo_samples([demo], chunk=2)
+    assert samples.actions.tolist() == [[1, 1, 2, 2], [2, 2, 3, 3], [3, 3, 3, 3]]
+
+
+def test_validation_holds_out_whole_episodes():
+    samples = demo_samples(scripted_demos(10).demos, chunk=1)
+    train_episodes, held_out = split_by_episode(10, 0.2, seed=0)
+    assert len(held_out) == 2 and sorted(train_episodes + held_out) == list(range(10))
+    assert len(samples.of_episodes(train_episodes)) + len(samples.of_episodes(held_out)) == len(samples)
+    assert not set(samples.of_episodes(held_out).episodes.tolist()) & set(train_episodes)
+
+
+def test_cloning_lowers_the_validation_loss_and_writes_a_training_runs_files(cloned):
+    experiment_dir = cloned / "bc"
+    summary = read_json(experiment_dir / "summary.json")
+    assert summary["validation_episodes"] == 4 and summary["train_episodes"] == 36
+    assert summary["validation_loss"][-1] < summary["validation_loss"][0] - 1.0, summary["validation_loss"]
+    curves = read_scalars(experiment_dir)
+    assert len(curves["pretrain/train_loss"]) == 150 and len(curves["pretrain/validation_loss"]) == 151
+    config = read_json(experiment_dir / "config.json")
+    assert config["env"]["env"] == "sparse_reach"  # from the demonstrations
+
+    (path,) = list_checkpoints(experiment_dir)
+    state = torch.load(path, weights_only=True)
+    assert TRAINING_CHECKPOINT_KEYS <= set(state) and state["env_steps"] == 0 and state["policy_version"] == 0
+    # The observation statistics are the training demonstrations'; the value head is as initialised (zero).
+    demos = scripted_demos(NUM_DEMOS).demos
+    train_episodes, _ = split_by_episode(NUM_DEMOS, 0.1, seed=0)
+    train_obs = np.concatenate([demos[i].obs["obs"] for i in train_episodes])
+    torch.testing.assert_close(
+        state["model"]["normalizers.obs.mean"], torch.tensor(train_obs.mean(0)), atol=1e-5, rtol=0
+    )
+    assert not state["model"]["value_head.weight"].any()
+
+
+def test_the_clone_evaluates_far_above_a_random_policy(cloned):
+    result = evaluate(f"--train_dir={cloned}", "--experiment=bc", "--eval_episodes=40", "--num_workers=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (eval_dir,) = (cloned / "bc" / "eval").iterdir()
+    success = read_json(eval_dir / "results.json")["overall"]["success_rate"]
+    assert success >= 0.8, success  # a random policy: 0.27
+
+
+def test_training_from_the_clone_keeps_its_policy_bit_identical_through_critic_warmup(cloned):
+    # Warm-up outlasts the run: only the critic learns, so the policy the workers act with from step 0 is the
+    # clone's, weights and observation statistics alike, on every batch.
+    args = [
+        "--init_from=bc",
+        "--env=sparse_reach",
+        "--critic_warmup_batches=1000",
+        "--num_workers=1",
+        "--num_envs_per_worker=4",
+        "--rollout=16",
+        "--batch_size=128",
+        "--train_for_env_steps=1024",
+    ]
+    result = run_train(cloned, "finetune", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "starting from the weights of" in result.stdout and "critic warm-up" in result.stdout
+    clone = torch.load(list_checkpoints(cloned / "bc")[-1], weights_only=True)
+    tuned = torch.load(list_checkpoints(cloned / "finetune")[-1], weights_only=True)
+    assert tuned["policy_version"] >= 2 and tuned["env_steps"] <= 1024 + 256  # counted from 0
+    for name, tensor in tuned["model"].items():
+        if not is_critic_key(name):
+            assert torch.equal(tensor, clone["model"][name]), name
+    assert not torch.equal(tuned["model"]["value_head.weight"], clone["model"]["value_head.weight"])
+    # A fresh optimiser: the policy's parameters have no Adam state at all, the critic's count this run's steps.
+    assert len(tuned["optimizer"]["state"]) == 2  # the value head's weight and bias
+    assert all(curve.value == 1.0 for curve in read_scalars(cloned / "finetune")["train/critic_warmup"])
+
+    # The same command again resumes the run's own checkpoint; --init_from applies to fresh starts only.
+    result = run_train(cloned, "finetune", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--init_from=bc ignored: 'finetune' resumes from its own checkpoint" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "(its run was on --env=sparse_reach)"),  # the default env, CartPole-v1
+        (["--env=sparse_reach", "--hidden_sizes=32"], "does not fit env 'sparse_reach'"),
+        (["--env=sparse_reach", "--init_from=no_such_run"], "no checkpoint file, and no experiment"),
+    ],
+)
+def test_a_checkpoint_that_does_not_fit_is_a_one_line_error(cloned, capsys, args, message):
+    code = train.main([f"--train_dir={cloned}", "--experiment=misfit", "--init_from=bc", *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("sfengine.train: error: --init_from") and err.count("\n") == 1 and message in err, err
+    assert not (cloned / "misfit").exists()
+
+
+def test_a_flow_head_clones_chunks_of_two_and_evaluates(tmp_path, train_dir):
+    assert run_pretrain(train_dir, "flow", "--policy_head=flow", "--action_chunk=2", *FAST_BC) == 0
+    summary = read_json(train_dir / "flow" / "summary.json")
+    assert summary["validation_loss"][-1] < summary["validation_loss"][0] / 2, summary["validation_loss"]
+    config = read_json(train_dir / "flow" / "config.json")  # what FlowSAR fine-tunes, and evaluation builds
+    assert config["learner"]["algo"] == "flow_sar" and config["model"]["action_chunk"] == 2
+    result = evaluate(f"--train_dir={train_dir}", "--experiment=flow", "--eval_episodes=8", "--num_workers=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_bad_demonstrations_or_a_taken_experiment_exit_2_with_one_line(train_dir, capsys):
+    wrong_actions = scripted_demos(4)
+    wrong_actions.demos[2].actions = wrong_actions.demos[2].actions[:, :1]
+    assert run_pretrain(train_dir, "bad", demos=wrong_actions) == 2
+    assert "demonstration 2 (task 0, init state 2): actions are" in capsys.readouterr().err
+    assert run_pretrain(train_dir, "other_env", "--env=Pendulum-v1") == 2
+    assert "come from env 'sparse_reach'" in capsys.readouterr().err
+    assert run_pretrain(train_dir, "taken", "--pretrain_epochs=1") == 0
+    capsys.readouterr()
+    assert run_pretrain(train_dir, "taken", "--pretrain_epochs=1") == 2
+    err = capsys.readouterr().err
+    assert "already has checkpoints" in err and err.count("\n") == 1
+
+
+def test_help_lists_the_pretrain_group(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        pretrain.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "pretrain:" in out and "--validation_fraction" in out and "--critic_warmup_batches" in out
