@@ -38,20 +38,39 @@ import numpy as np
 POSITION_STEP = 0.05  # metres a unit of position action moves the controller's goal (OSC output_max)
 ROTATION_STEP = 0.5  # radians a unit of rotation action turns it
 OPEN, CLOSED = -1.0, 1.0
+# The Panda hand seen from above, around the grip point: 21 x 7 cm, its underside 3 cm above the grip point
+# (measured from the model's collision geoms); its open fingers hold at most about 7.5 cm.
+HAND_HALF_LENGTH, HAND_HALF_WIDTH, HAND_ABOVE_GRIP = 0.105, 0.035, 0.03
+FINGER_REACH = 0.075
 PICK_PREDICATES = ("in", "on")
 
 
 @dataclass
 class Box:
-    """An axis-aligned extent in the world frame (lo, hi) and the object's yaw of its narrow horizontal side."""
+    """An object's axis-aligned extent in the world frame (lo, hi), and its footprint in its own frame: the unit
+    xy vector across its narrow side (None when the footprint is about round) and its widths across and along."""
 
     lo: np.ndarray
     hi: np.ndarray
-    narrow_axis: np.ndarray | None  # unit xy vector across the narrow side; None when the footprint is round
+    narrow_axis: np.ndarray | None
+    narrow_width: float
+    long_width: float
 
     @property
     def centre(self) -> np.ndarray:
         return (self.lo + self.hi) / 2
+
+
+def _body_id(model, name: str) -> int:
+    import mujoco
+
+    return mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
+
+
+def _site_id(model, name: str) -> int:
+    import mujoco
+
+    return mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, name)
 
 
 def _geoms_of(model, body_prefix: str) -> list[int]:
@@ -82,18 +101,43 @@ def _geom_points(model, data, geom: int) -> np.ndarray:
     return local @ rotation.T + data.geom_xpos[geom]
 
 
+def body_points(model, data, body_prefix: str) -> np.ndarray:
+    """World positions of the collision geoms' points of the bodies named ``body_prefix...``: [N, 3]."""
+    return np.concatenate([_geom_points(model, data, geom) for geom in _geoms_of(model, body_prefix)])
+
+
 def body_box(model, data, body_prefix: str, body_id: int) -> Box:
     """The world extent of the collision geoms of the bodies named ``body_prefix...``, with the narrow side's
     direction measured in the frame of body ``body_id`` (the object's root)."""
-    points = np.concatenate([_geom_points(model, data, geom) for geom in _geoms_of(model, body_prefix)])
+    points = body_points(model, data, body_prefix)
     rotation = data.xmat[body_id].reshape(3, 3)
     local = (points - data.xpos[body_id]) @ rotation
     extent = local.max(0) - local.min(0)
+    narrow, long = sorted(extent[:2])
     narrow_axis = None
-    if abs(extent[0] - extent[1]) > 0.2 * max(extent[0], extent[1]):
+    if long - narrow > 0.2 * long:
         axis = rotation[:, 0] if extent[0] < extent[1] else rotation[:, 1]
         narrow_axis = axis[:2] / np.linalg.norm(axis[:2])
-    return Box(points.min(0), points.max(0), narrow_axis)
+    return Box(points.min(0), points.max(0), narrow_axis, narrow, long)
+
+
+def unit(angle: float) -> np.ndarray:
+    return np.array([np.cos(angle), np.sin(angle)])
+
+
+def footprint_clearance(
+    points_xy: np.ndarray, centre: np.ndarray, axis: np.ndarray, half_length: float, half_width: float
+) -> float:
+    """Signed distance from the nearest of ``points_xy`` to a rectangle centred at ``centre`` whose long side
+    runs along ``axis``: positive outside, negative inside (by the depth). +inf for no points."""
+    if not len(points_xy):
+        return float("inf")
+    offset = points_xy - centre
+    along = np.abs(offset @ axis) - half_length
+    across = np.abs(offset @ np.array([-axis[1], axis[0]])) - half_width
+    outside = np.hypot(np.maximum(along, 0.0), np.maximum(across, 0.0))
+    inside = np.minimum(np.maximum(along, across), 0.0)
+    return float(np.min(np.where(outside > 0, outside, inside)))
 
 
 def pick_goal(robosuite_env) -> tuple[str, str] | None:
@@ -129,71 +173,103 @@ class PickPlaceDemonstrator:
         self.object_id = rs.obj_body_id[self.object]
         box = body_box(model, data, self.object, self.object_id)
         self.height = box.hi[2] - box.lo[2]
-        # Fingers reach about 4 cm down from the grip site: hold a tall object that far below its top, a flat
-        # one by its middle.
+        # The fingertips reach about 4 cm below the hand: hold a tall object that far below its top, a flat one
+        # by its middle.
         self.grasp_above_bottom = max(self.height - 0.035, self.height / 2)
-        self.narrow_axis = box.narrow_axis
         # A region is named after the object that holds it ("basket_1_contain_region"); a fixture's region
         # (a table area) has no object, and its rim is the region itself.
         owners = [name for name in rs.obj_body_id if self.region.startswith(name + "_")]
         self.target_body = max(owners, key=len) if owners else None
+        self.left_finger = _body_id(model, "gripper0_leftfinger")
+        self.right_finger = _body_id(model, "gripper0_rightfinger")
+        self.finger_axis, self.grasp_offset = self._choose_grasp(rs, box)
         self.phase, self.phase_steps = "align", 0
+
+    def _choose_grasp(self, rs, box: Box) -> tuple[np.ndarray, np.ndarray]:
+        """The direction the fingers close along and the grasp point's offset from the object's centre, chosen
+        so that the hand (a 21 x 7 cm block whose underside is 3 cm above the grip point) misses the neighbours
+        standing taller than it. A box is held across its narrow side, turned at most 25 degrees (while its
+        width across stays under the fingers' reach) and moved along its long side; a round object at any yaw."""
+        model, data = rs.sim.model._model, rs.sim.data._data
+        hand_bottom = box.lo[2] + self.grasp_above_bottom + HAND_ABOVE_GRIP
+        standing = [body_points(model, data, name) for name in rs.obj_body_id if name != self.object]
+        points = np.concatenate(
+            [p[:, :2] for p in standing if p[:, 2].max() > hand_bottom - 0.01] or [np.zeros((0, 2))]
+        )
+        centre = box.centre[:2]
+        current = self._finger_direction(data)
+        if box.narrow_axis is None:
+            base = np.arctan2(current[1], current[0])
+            candidates = [
+                (unit(base + np.radians(d)), np.zeros(2)) for d in (0, 15, -15, 30, -30, 45, -45, 60, -60, 75, -75, 90)
+            ]
+        else:
+            base = np.arctan2(box.narrow_axis[1], box.narrow_axis[0])
+            long_axis = np.array([-box.narrow_axis[1], box.narrow_axis[0]])
+            reach = max(box.long_width / 2 - 0.015, 0.0)
+            candidates = [
+                (unit(base + np.radians(d)), s * long_axis)
+                for d in (0, 10, -10, 20, -20, 25, -25)
+                if box.narrow_width * np.cos(np.radians(d)) + box.long_width * abs(np.sin(np.radians(d))) < FINGER_REACH
+                for s in sorted({0.0, reach / 2, -reach / 2, reach, -reach}, key=abs)
+            ]
+        scored = [
+            (footprint_clearance(points, centre + offset, axis, HAND_HALF_LENGTH, HAND_HALF_WIDTH), axis, offset)
+            for axis, offset in candidates
+        ]
+        for clearance, axis, offset in scored:  # the first (the least turned and moved) that is clear
+            if clearance > 0.01:
+                return axis, offset
+        _, axis, offset = max(scored, key=lambda c: c[0])
+        return axis, offset
 
     def _target(self, env) -> tuple[np.ndarray, float]:
         """Where the object goes (xy of the region) and the height of the target's rim."""
         rs = env.sim.env
         model, data = rs.sim.model._model, rs.sim.data._data
         site = rs.object_sites_dict[self.region]
-        import mujoco
-
-        site_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, site.name)
-        xy = data.site_xpos[site_id][:2].copy()
-        rim = data.site_xpos[site_id][2]
+        site_xpos = data.site_xpos[_site_id(model, site.name)]
+        rim = site_xpos[2]
         if self.target_body is not None:
             rim = body_box(model, data, self.target_body, rs.obj_body_id[self.target_body]).hi[2]
-        return xy, rim
+        return site_xpos[:2].copy(), rim
+
+    def _finger_direction(self, data) -> np.ndarray:
+        fingers = (data.xpos[self.left_finger] - data.xpos[self.right_finger])[:2]
+        return fingers / np.linalg.norm(fingers)
 
     def _yaw_error(self, env) -> float:
-        """Radians to turn the gripper about z so its fingers close across the object's narrow side."""
-        if self.narrow_axis is None:
-            return 0.0
-        rs = env.sim.env
-        data = rs.sim.data._data
-        model = rs.sim.model._model
-        import mujoco
-
-        left = data.xpos[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "gripper0_leftfinger")]
-        right = data.xpos[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, "gripper0_rightfinger")]
-        fingers = (left - right)[:2]
-        error = np.arctan2(self.narrow_axis[1], self.narrow_axis[0]) - np.arctan2(fingers[1], fingers[0])
+        """Radians to turn the gripper about z so its fingers close along the chosen direction."""
+        fingers = self._finger_direction(env.sim.env.sim.data._data)
+        error = np.arctan2(self.finger_axis[1], self.finger_axis[0]) - np.arctan2(fingers[1], fingers[0])
         return (error + np.pi / 2) % np.pi - np.pi / 2  # the fingers are symmetric: a half turn is no turn
 
     def act(self, env) -> np.ndarray:
         rs = env.sim.env
         data = rs.sim.data._data
         eef = np.array(rs._eef_xpos)
-        obj = data.xpos[self.object_id]
         model = rs.sim.model._model
         box = body_box(model, data, self.object, self.object_id)
         bottom = box.lo[2]
         target_xy, rim = self._target(env)
         grasp_z = bottom + self.grasp_above_bottom
+        grasp_xy = box.centre[:2] + self.grasp_offset
         carry_z = rim + self.grasp_above_bottom + self.clearance
         gripper, yaw = OPEN, 0.0
         self.phase_steps += 1
         phase = self.phase
         if phase == "align":
-            goal = np.array([*box.centre[:2], max(box.hi[2] + 0.06, eef[2] - 0.02)])
+            goal = np.array([*grasp_xy, max(box.hi[2] + 0.06, eef[2] - 0.02)])
             yaw = self._yaw_error(env)
             if np.linalg.norm(goal[:2] - eef[:2]) < 0.01 and abs(yaw) < 0.05:
                 self._next("descend")
         elif phase == "descend":
-            goal = np.array([*box.centre[:2], grasp_z])
+            goal = np.array([*grasp_xy, grasp_z])
             yaw = self._yaw_error(env)
             if abs(eef[2] - grasp_z) < 0.01 or self.phase_steps > 60:
                 self._next("grasp")
         elif phase == "grasp":
-            goal, gripper = np.array([*box.centre[:2], grasp_z]), CLOSED
+            goal, gripper = np.array([*grasp_xy, grasp_z]), CLOSED
             if self.phase_steps >= 12:
                 self._next("lift")
         elif phase == "lift":
@@ -214,7 +290,6 @@ class PickPlaceDemonstrator:
                 self._next("retreat")
         else:
             goal = np.array([*eef[:2], carry_z + 0.1])
-        del obj
         action = np.zeros(7, dtype=np.float32)
         action[:3] = np.clip(self.gain * (goal - eef), -1.0, 1.0)
         action[5] = np.clip(self.yaw_gain * yaw / ROTATION_STEP, -1.0, 1.0)

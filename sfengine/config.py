@@ -48,6 +48,7 @@ class EnvConfig:
     env: str = option("CartPole-v1", "environment: a registered sfengine env or any gymnasium id")
     seed: int = option(0, "base random seed; each env gets its own seed derived from it")
     max_episode_steps: int = option(0, "truncate episodes after this many steps (0: the env's own limit)")
+    tasks: list[int] = option([], "multi-task envs: train on only these task indices (default: every task)")
     task_group_size: int = option(
         1, "multi-task envs: each (task, init state) is handed out this many times in a row (RLOO/GRPO groups)"
     )

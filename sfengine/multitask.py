@@ -25,6 +25,17 @@ class TaskInfo:
     instructions: list[str] = field(default_factory=list)  # empty when the env gives none
 
 
+def selected_init_states(tasks: TaskInfo, only_tasks: list[int], option: str) -> list[int]:
+    """Init states per task, 0 for the tasks outside ``only_tasks`` (all tasks when it is empty). Raises
+    ValueError naming ``option`` for a task index the env does not have."""
+    num_tasks = len(tasks.init_states_per_task)
+    if unknown := [t for t in only_tasks if not 0 <= t < num_tasks]:
+        raise ValueError(f"{option}: the env has tasks 0..{num_tasks - 1}, not {unknown}")
+    return [
+        count if not only_tasks or task in only_tasks else 0 for task, count in enumerate(tasks.init_states_per_task)
+    ]
+
+
 def task_info(env: gym.Env) -> TaskInfo | None:
     """The tasks of a multi-task env, or None for an ordinary env."""
     base = env.unwrapped

@@ -39,7 +39,7 @@ from sfengine.learning.group_batcher import GroupBatcher
 from sfengine.learning.learner_worker import LearnerWorker
 from sfengine.messages import EvalResult, EvaluatorReport, InferenceReport, LearnerReport, WorkerReport
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.multitask import TaskInfo
+from sfengine.multitask import TaskInfo, selected_init_states
 from sfengine.progress import end_summary, progress
 from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine.spaces import ActionSpec, ObsSpec
@@ -513,7 +513,7 @@ def build_task_sequence(cfg: Config, tasks: TaskInfo | None, resume_state: dict 
         first = ranks.rank * GROUP_SEEDS_PER_RANK
         shard = {SINGLE_TASK: list(range(first, first + GROUP_SEEDS_PER_RANK))}
     else:
-        shard = shard_pairs(tasks.init_states_per_task, ranks.rank, ranks.world_size)
+        shard = shard_pairs(selected_init_states(tasks, cfg.env.tasks, "--tasks"), ranks.rank, ranks.world_size)
     schedule = TaskSchedule(shard, cfg.env.task_group_size)
     sequence = SharedTaskSequence.allocate(
         schedule,

@@ -30,7 +30,12 @@ class Assignment(NamedTuple):
 
 
 def shard_pairs(init_states_per_task: list[int], rank: int, world_size: int) -> dict[int, list[int]]:
-    """The (task -> init states) this rank owns."""
+    """The (task -> init states) this rank owns. Tasks with no init states (left out of a run or an evaluation)
+    take no part: the others are dealt as if they were the env's only tasks."""
+    present = [task for task, count in enumerate(init_states_per_task) if count]
+    if len(present) < len(init_states_per_task):
+        compact = shard_pairs([init_states_per_task[task] for task in present], rank, world_size)
+        return {present[index]: states for index, states in compact.items()}
     num_tasks = len(init_states_per_task)
     if world_size <= num_tasks:
         return {task: list(range(init_states_per_task[task])) for task in range(rank, num_tasks, world_size)}

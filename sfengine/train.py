@@ -22,7 +22,7 @@ from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_en
 from sfengine.event_loop import configure_logging
 from sfengine.inference.numpy_policy import choose_inference_backend
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.multitask import TaskInfo, task_info
+from sfengine.multitask import TaskInfo, selected_init_states, task_info
 from sfengine.progress import start_block
 from sfengine.sizing import Machine, resolve_auto_options
 from sfengine.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space
@@ -47,6 +47,23 @@ def prepare_experiment_dir(cfg: Config, ranks: RankInfo) -> dict | None:
     directory.mkdir(parents=True, exist_ok=True)
     save_config(cfg, directory / "config.json")
     return resume_state
+
+
+def check_trained_tasks(cfg: Config, tasks: TaskInfo | None, ranks: RankInfo) -> None:
+    """``--tasks`` names tasks the env has, and every rank gets at least one (task, init state) pair of them."""
+    if tasks is None:
+        if cfg.env.tasks:
+            raise ConfigError(f"--tasks={cfg.env.tasks}: '{cfg.env.env}' is not a multi-task env; drop --tasks")
+        return
+    try:
+        pairs = sum(selected_init_states(tasks, cfg.env.tasks, "--tasks"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if ranks.world_size > pairs:
+        raise ConfigError(
+            f"{ranks.world_size} ranks but only {pairs} (task, init state) pairs to train on in '{cfg.env.env}': "
+            "every rank needs one; run fewer ranks"
+        )
 
 
 def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, TaskInfo | None]:
@@ -186,11 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         check_group_layout(cfg)
         if warning := inference_dtype_warning(cfg, obs_spec):
             print(f"warning: {warning}", flush=True)
-        if tasks is not None and ranks.world_size > sum(tasks.init_states_per_task):
-            raise ConfigError(
-                f"{ranks.world_size} ranks but only {sum(tasks.init_states_per_task)} (task, init state) pairs in "
-                f"'{cfg.env.env}': every rank needs one; run fewer ranks"
-            )
+        check_trained_tasks(cfg, tasks, ranks)
         resuming = cfg.run.restart_behavior == "resume" and bool(list_checkpoints(cfg.experiment_dir))
         if resuming:
             print(f"resuming '{cfg.run.experiment}' from {list_checkpoints(cfg.experiment_dir)[-1]}", flush=True)

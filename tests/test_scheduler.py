@@ -52,7 +52,8 @@ def test_schedule_resumes_where_it_stopped():
 
 @settings(max_examples=200, deadline=None)
 @given(
-    counts=st.lists(st.integers(1, 7), min_size=1, max_size=9),
+    # A count of 0: a task left out of the run (--tasks) or of an evaluation (--eval_tasks).
+    counts=st.lists(st.integers(0, 7), min_size=1, max_size=9).filter(any),
     world_size=st.integers(1, 12),
     group=st.integers(1, 3),
     cycles=st.integers(1, 3),
@@ -69,6 +70,15 @@ def test_every_pair_is_used_exactly_k_times_per_k_cycles_across_all_ranks(counts
             used[schedule.next()] += 1
     expected = {Assignment(t, s): cycles * group for t, n in enumerate(counts) for s in range(n)}
     assert used == expected
+
+
+def test_tasks_left_out_are_skipped_and_the_rest_dealt_as_if_alone():
+    # Tasks 1 and 3 of five: rank 0 gets task 1 and rank 1 task 3, as two ranks share a two-task env.
+    assert shard_pairs([5, 5, 5, 5, 5], 0, 2) == {0: list(range(5)), 2: list(range(5)), 4: list(range(5))}
+    assert shard_pairs([0, 5, 0, 4, 0], 0, 2) == {1: list(range(5))}
+    assert shard_pairs([0, 5, 0, 4, 0], 1, 2) == {3: list(range(4))}
+    # More ranks than tasks: pairs of the chosen tasks only.
+    assert shard_pairs([0, 2, 0, 1], 2, 3) == {3: [0]}
 
 
 def test_empty_shard_is_refused():

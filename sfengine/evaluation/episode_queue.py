@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from sfengine.multitask import TaskInfo
+from sfengine.multitask import TaskInfo, selected_init_states
 from sfengine.process_lock import ProcessLock
 from sfengine.scheduler import shard_pairs
 
@@ -34,13 +34,8 @@ class EvalEpisode(NamedTuple):
 def evaluated_init_states(tasks: TaskInfo, only_tasks: list[int], init_states: int) -> list[int]:
     """Init states per task that an evaluation covers: 0 for the tasks left out, at most ``init_states`` (0: all)
     for the others. Raises ValueError naming a task index the env does not have."""
-    num_tasks = len(tasks.init_states_per_task)
-    if unknown := [t for t in only_tasks if t >= num_tasks]:
-        raise ValueError(f"--eval_tasks: the env has tasks 0..{num_tasks - 1}, not {unknown}")
-    return [
-        (min(count, init_states) if init_states else count) if not only_tasks or task in only_tasks else 0
-        for task, count in enumerate(tasks.init_states_per_task)
-    ]
+    counts = selected_init_states(tasks, only_tasks, "--eval_tasks")
+    return [min(count, init_states) if init_states else count for count in counts]
 
 
 def evaluation_episodes(
@@ -63,10 +58,8 @@ def evaluation_episodes(
     counts = evaluated_init_states(tasks, only_tasks or [], init_states)
     # The evaluated tasks are dealt to the ranks as a training run deals all of them (whole tasks, or pairs when
     # there are more ranks than tasks), so every rank gets a share of a narrowed evaluation too.
-    evaluated = [task for task, count in enumerate(counts) if count]
-    compact = shard_pairs([counts[task] for task in evaluated], rank, world_size)
     episodes = []
-    for task, states in sorted((evaluated[index], states) for index, states in compact.items()):
+    for task, states in sorted(shard_pairs(counts, rank, world_size).items()):
         for init_state in states:
             for repeat in range(episodes_per_init):
                 episodes.append(EvalEpisode(task, init_state, repeat == 0 and init_state < video_per_task))

@@ -108,3 +108,21 @@ def test_curriculum_through_the_workers_favours_the_failing_task_and_keeps_each_
         # The task's k draws went to init states 0, 1, ..., 4, 0, 1, ...: its first k positions, whatever order
         # the envs reset in.
         assert states == Counter(s % NUM_INIT_STATES for s in range(draws))
+
+
+def test_tasks_option_trains_on_the_chosen_tasks_only_with_every_init_state_cycling(tmp_path, train_dir):
+    script, logs = tmp_path / "recorded.py", tmp_path / "logs"
+    write_recording_script(script, logs)
+    args = ["--env=recorded_toy", "--num_workers=2", "--num_envs_per_worker=4", "--tasks=1,3"]
+    args += ["--batch_size=512", "--num_batches_per_epoch=1", "--train_for_env_steps=4000"]
+    command = [sys.executable, str(script), *train_command(train_dir, "some_tasks", *args)[3:]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = received_assignments(logs)
+    # The sequence of a two-task env: tasks 1 and 3 in turn, each cycling through its init states.
+    expected = TaskSchedule(shard_pairs([0, NUM_INIT_STATES, 0, NUM_INIT_STATES], 0, 1))
+    assert seen == Counter(expected.at(p) for p in range(sum(seen.values())))
+    assert {a.task for a in seen} == {1, 3}
+
+    bad = subprocess.run([*command[:-1], "--tasks=1,7"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--tasks: the env has tasks 0..3, not [7]" in bad.stderr
