@@ -1,8 +1,8 @@
 """``python -m sfengine.pretrain``: behavioural cloning of the engine's policy from demonstrations.
 
-    python -m sfengine.pretrain --demos=object.hdf5 --experiment=object_bc
+    python -m sfengine.pretrain --demos=train_dir/demos/libero_object_state.hdf5 --experiment=object_bc
     python -m sfengine.evaluate --experiment=object_bc
-    python -m sfengine.train --init_from=object_bc --experiment=object_rl --critic_warmup_batches=10
+    python -m sfengine.train --env=libero_object --init_from=object_bc --experiment=object_rl --critic_warmup_batches=20
 
 The run's configuration is a training run's (the same options and presets; ``--env`` and ``--libero_obs_mode``
 default to the demonstrations'), and the model is the one ``sfengine.train`` builds for that env from the env's
@@ -42,6 +42,7 @@ from sfengine.config import (
     option_table,
     parse_config,
 )
+from sfengine.demos.dataset import DemoSet, read_demos
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import resolve_env_factory
 from sfengine.event_loop import configure_logging
@@ -51,6 +52,7 @@ from sfengine.spaces import ActionSpec, ObsSpec
 from sfengine.train import build_model, prepare_experiment_dir, probe_env
 
 OBS_MODE_OPTION = "libero_obs_mode"  # the env option a demonstration file's obs_mode sets
+IMAGE_SIZE_OPTION = "libero_image_size"  # LIBERO's published files are replayed at this size in rgb mode
 LOSS_NAMES = {"gaussian": "negative log-likelihood", "flow": "flow-matching error"}
 
 
@@ -76,15 +78,15 @@ class PretrainOptions:
             raise ConfigError(f"--validation_fraction={self.validation_fraction} must lie in [0, 1)")
 
 
-def read_demo_files(paths: str) -> Any:
-    """The DemoSet of ``--demos`` (several files are read as one set)."""
-    from sfengine.demos.dataset import read_demos
-
+def read_demo_files(paths: str, given: dict[str, Any]) -> DemoSet:
+    """The DemoSet of ``--demos`` (several files are read as one set). An env or observation mode the user gave
+    must be the files'; LIBERO's published files are replayed in it (default: state mode)."""
     files = [path for path in paths.split(",") if path]
     try:
-        return read_demos(files)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"--demos={paths}: {exc}") from None
+        image_size = int(given.get(IMAGE_SIZE_OPTION, option_table()[IMAGE_SIZE_OPTION].default))
+        return read_demos(files, env=given.get("env"), obs_mode=given.get(OBS_MODE_OPTION), image_size=image_size)
+    except (OSError, ValueError) as exc:  # DemoFileError is a ValueError
+        raise ConfigError(f"--demos: {exc}") from None
 
 
 def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
@@ -99,7 +101,7 @@ def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str,
     return {**preset, **{name: value for name, value in vars(namespace).items() if name != "cfg"}}
 
 
-def demo_defaults(given: dict[str, Any], demo_set) -> list[str]:
+def demo_defaults(given: dict[str, Any], demo_set: DemoSet) -> list[str]:
     """What the demonstrations say where the user said nothing: the env and its observation mode. A flow head
     goes with --algo=flow_sar, the algorithm that fine-tunes it, so the checkpoint's config.json builds the same
     critic-free model in sfengine.evaluate and sfengine.train."""
@@ -112,15 +114,9 @@ def demo_defaults(given: dict[str, Any], demo_set) -> list[str]:
     return [f"--{name}={value}" for name, value in defaults.items() if name not in given]
 
 
-def check_demos_fit(demo_set, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
-    """The demonstrations must come from this env, with its observations and actions."""
-    if demo_set.env != cfg.env.env:
-        raise ConfigError(f"the demonstrations come from env '{demo_set.env}', not --env={cfg.env.env}: drop --env")
-    if cfg.own_env_options is not None and getattr(cfg.own_env_options, OBS_MODE_OPTION, None) not in (
-        None,
-        demo_set.obs_mode,
-    ):
-        raise ConfigError(f"the demonstrations hold {demo_set.obs_mode} observations: drop --{OBS_MODE_OPTION}")
+def check_demos_fit(demo_set: DemoSet, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
+    """The demonstrations must have this env's observations and actions (``read_demos`` checked the env's name
+    and observation mode)."""
     if not demo_set.demos:
         raise ConfigError("the demonstration files hold no episodes")
     if action_spec.discrete:
@@ -172,7 +168,9 @@ class ProgressLine:
         sys.stderr.flush()
 
 
-def pretrain(cfg: Config, options: PretrainOptions, demo_set, obs_spec: ObsSpec, action_spec: ActionSpec) -> dict:
+def pretrain(
+    cfg: Config, options: PretrainOptions, demo_set: DemoSet, obs_spec: ObsSpec, action_spec: ActionSpec
+) -> dict:
     """Clone the demonstrations into the run's model; write the checkpoint, TensorBoard and summary.json."""
     device = torch.device(cfg.learner.device)
     torch.set_num_threads(cfg.learner.learner_threads)
@@ -258,9 +256,7 @@ def checkpoint_state(model, optimizer: torch.optim.Optimizer, options: PretrainO
     }
 
 
-def main(argv: list[str] | None = None, demo_set=None) -> int:
-    """The command line; ``demo_set`` (a ``sfengine.demos.dataset.DemoSet``) clones demonstrations built in
-    memory instead of ``--demos`` files."""
+def main(argv: list[str] | None = None) -> int:
     configure_logging()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -268,10 +264,9 @@ def main(argv: list[str] | None = None, demo_set=None) -> int:
         add_command_options(parser, PretrainOptions)
         options, rest = command_options(PretrainOptions, argv)
         given = given_options(parser, rest)
-        if demo_set is None:
-            if not options.demos:
-                raise ConfigError("give the demonstrations: --demos=FILE[,FILE...]")
-            demo_set = read_demo_files(options.demos)
+        if not options.demos:
+            raise ConfigError("give the demonstrations: --demos=FILE[,FILE...] (written by python -m sfengine.demos)")
+        demo_set = read_demo_files(options.demos, given)
         cfg = parse_config([*demo_defaults(given, demo_set), *rest], parser)
         obs_spec, action_spec, _ = probe_env(cfg, resolve_env_factory(cfg.env.env))
         check_demos_fit(demo_set, cfg, obs_spec, action_spec)

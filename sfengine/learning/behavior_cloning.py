@@ -13,7 +13,7 @@ would have held it, and the policy, which acts in whole chunks, must still emit 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from torch import Tensor
 
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.models.flow_head import flow_matching_loss
+
+if TYPE_CHECKING:
+    from sfengine.demos.dataset import Demo
 
 
 class DemoSamples(NamedTuple):
@@ -45,7 +48,7 @@ class DemoSamples(NamedTuple):
         return DemoSamples(obs, self.actions.to(device), self.episodes.to(device))
 
 
-def demo_samples(demos: Sequence, chunk: int) -> DemoSamples:
+def demo_samples(demos: Sequence[Demo], chunk: int) -> DemoSamples:
     """Samples of ``demos`` (each with ``obs``: key -> [T, ...] and ``actions``: [T, action_dim]), chunks of
     ``chunk`` actions. Image keys stay uint8; vector keys become float32."""
     obs: dict[str, list[np.ndarray]] = {key: [] for key in demos[0].obs}

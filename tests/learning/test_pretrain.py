@@ -1,14 +1,15 @@
 """sfengine.pretrain (behavioural cloning) and sfengine.train --init_from, end to end on sparse_reach.
 
-The demonstrations come from a scripted controller that heads for the goal with some noise: it succeeds in about
-4 steps. A random Gaussian policy succeeds in 27% of the episodes (its mode, 0 everywhere, never); the clone of 40
-demonstrations, in every one of 200 (2026-11-25).
+The demonstrations come from sparse_reach's scripted demonstrator, with noise on its actions, written to an HDF5
+file as ``python -m sfengine.demos`` writes them. The engine's untrained Gaussian policy succeeds in 27% of 200
+episodes when it samples, never with its mode (0 everywhere).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,54 +19,49 @@ import torch
 from helpers import evaluate, run_train
 from sfengine import pretrain, train
 from sfengine.checkpoint import list_checkpoints
+from sfengine.demos.dataset import Demo, DemoSet, write_demos
 from sfengine.events import read_scalars
 from sfengine.learning.behavior_cloning import demo_samples, split_by_episode
 from sfengine.models.actor_critic import is_critic_key
-from sfengine_envs.sparse_reach import SparseReachEnv
+from sfengine_envs.sparse_reach import ReachDemonstrator, SparseReachEnv
 
 NUM_DEMOS = 40
 TRAINING_CHECKPOINT_KEYS = {"format_version", "model", "optimizer", "env_steps", "policy_version", "task_sequence"}
 FAST_BC = ["--pretrain_epochs=150", "--pretrain_batch_size=32", "--pretrain_learning_rate=3e-3"]
 
 
-@dataclass
-class Demo:
-    """The fields of a ``sfengine.demos.dataset.Demo`` that behavioural cloning reads."""
-
-    obs: dict[str, np.ndarray]
-    actions: np.ndarray
-    task: int = 0
-    init_state: int = 0
-
-
-@dataclass
-class DemoSet:
-    env: str
-    obs_mode: str
-    demos: list[Demo]
-    meta: dict = field(default_factory=dict)
+def demo(obs: list[np.ndarray], actions: list[np.ndarray], init_state: int = 0) -> Demo:
+    steps = len(actions)
+    return Demo(
+        {"obs": np.array(obs)},
+        np.array(actions),
+        np.zeros(steps, np.float32),
+        np.zeros(steps, np.uint8),
+        None,
+        0,
+        init_state,
+    )
 
 
 def scripted_demos(count: int, noise: float = 0.2) -> DemoSet:
-    """Episodes of a controller that moves toward the goal at full speed, with Gaussian noise on each action."""
-    rng, env, demos = np.random.default_rng(0), SparseReachEnv(), []
+    """Episodes of sparse_reach's scripted demonstrator (full speed toward the goal), with Gaussian noise on each
+    action."""
+    rng, env, demonstrator, demos = np.random.default_rng(0), SparseReachEnv(), ReachDemonstrator(), []
     for episode in range(count):
         obs, _ = env.reset(seed=1000 + episode)
         observations, actions, done = [], [], False
         while not done:
-            direction = (obs[2:] - obs[:2]) / np.linalg.norm(obs[2:] - obs[:2])
-            action = np.clip(direction + noise * rng.standard_normal(2), -1.0, 1.0).astype(np.float32)
+            action = np.clip(demonstrator.act(env) + noise * rng.standard_normal(2), -1.0, 1.0).astype(np.float32)
             observations.append(obs)
             actions.append(action)
             obs, _, terminated, truncated, _ = env.step(action)
             done = terminated or truncated
-        demos.append(Demo({"obs": np.array(observations)}, np.array(actions), init_state=episode))
+        demos.append(demo(observations, actions, init_state=episode))
     return DemoSet("sparse_reach", "state", demos)
 
 
-def run_pretrain(train_dir: Path, experiment: str, *args: str, demos: DemoSet | None = None) -> int:
-    argv = [f"--train_dir={train_dir}", f"--experiment={experiment}", *args]
-    return pretrain.main(argv, demo_set=demos or scripted_demos(NUM_DEMOS))
+def run_pretrain(train_dir: Path, experiment: str, demos: Path, *args: str) -> int:
+    return pretrain.main([f"--demos={demos}", f"--train_dir={train_dir}", f"--experiment={experiment}", *args])
 
 
 def read_json(path: Path) -> dict:
@@ -73,16 +69,22 @@ def read_json(path: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cloned(tmp_path_factory) -> Path:
+def demo_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("demos") / "sparse_reach_state.hdf5"
+    write_demos(path, scripted_demos(NUM_DEMOS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cloned(tmp_path_factory, demo_file) -> Path:
     """The train_dir of a behavioural-cloning run 'bc' (Gaussian head)."""
     train_dir = tmp_path_factory.mktemp("bc") / "train_dir"
-    assert run_pretrain(train_dir, "bc", *FAST_BC) == 0
+    assert run_pretrain(train_dir, "bc", demo_file, *FAST_BC) == 0
     return train_dir
 
 
 def test_chunks_run_past_the_episode_end_with_its_last_action_repeated():
-    demo = Demo({"obs": np.zeros((3, 4), np.float32)}, np.array([[1, 1], [2, 2], [3, 3]], np.float32))
-    samples = demo_samples([demo], chunk=2)
+    samples = demo_samples([demo([np.zeros(4)] * 3, [np.full(2, 1.0), np.full(2, 2.0), np.full(2, 3.0)])], chunk=2)
     assert samples.actions.tolist() == [[1, 1, 2, 2], [2, 2, 3, 3], [3, 3, 3, 3]]
 
 
@@ -174,8 +176,12 @@ def test_a_checkpoint_that_does_not_fit_is_a_one_line_error(cloned, capsys, args
     assert not (cloned / "misfit").exists()
 
 
-def test_a_flow_head_clones_chunks_of_two_and_evaluates(tmp_path, train_dir):
-    assert run_pretrain(train_dir, "flow", "--policy_head=flow", "--action_chunk=2", *FAST_BC) == 0
+def test_a_flow_head_clones_chunks_of_two_and_evaluates(demo_file, train_dir):
+    command = [sys.executable, "-m", "sfengine.pretrain", f"--demos={demo_file}", f"--train_dir={train_dir}"]
+    args = ["--experiment=flow", "--policy_head=flow", "--action_chunk=2", *FAST_BC]
+    result = subprocess.run([*command, *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "epoch 150/150: train loss" in result.stderr  # the progress line, one line per epoch off a terminal
     summary = read_json(train_dir / "flow" / "summary.json")
     assert summary["validation_loss"][-1] < summary["validation_loss"][0] / 2, summary["validation_loss"]
     config = read_json(train_dir / "flow" / "config.json")  # what FlowSAR fine-tunes, and evaluation builds
@@ -184,16 +190,28 @@ def test_a_flow_head_clones_chunks_of_two_and_evaluates(tmp_path, train_dir):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_bad_demonstrations_or_a_taken_experiment_exit_2_with_one_line(train_dir, capsys):
+def test_bad_demonstrations_or_a_taken_experiment_exit_2_with_one_line(demo_file, tmp_path, train_dir, capsys):
     wrong_actions = scripted_demos(4)
     wrong_actions.demos[2].actions = wrong_actions.demos[2].actions[:, :1]
-    assert run_pretrain(train_dir, "bad", demos=wrong_actions) == 2
-    assert "demonstration 2 (task 0, init state 2): actions are" in capsys.readouterr().err
-    assert run_pretrain(train_dir, "other_env", "--env=Pendulum-v1") == 2
-    assert "come from env 'sparse_reach'" in capsys.readouterr().err
-    assert run_pretrain(train_dir, "taken", "--pretrain_epochs=1") == 0
+    write_demos(tmp_path / "wrong.hdf5", wrong_actions)
+    cases = [
+        (
+            tmp_path / "wrong.hdf5",
+            [],
+            "demonstration 2 (task 0, init state 2): actions are (3, 1), expected steps of 2",
+        ),
+        (demo_file, ["--env=Pendulum-v1"], "holds demos of sparse_reach, not Pendulum-v1"),
+        (tmp_path / "missing.hdf5", [], "no such file"),
+        (demo_file, ["--validation_fraction=0.99"], "leaves none to train on"),
+    ]
+    for path, args, message in cases:
+        assert run_pretrain(train_dir, "bad", path, *args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("sfengine.pretrain: error: ") and err.count("\n") == 1 and message in err, err
+    assert not (train_dir / "bad").exists()
+    assert run_pretrain(train_dir, "taken", demo_file, "--pretrain_epochs=1") == 0
     capsys.readouterr()
-    assert run_pretrain(train_dir, "taken", "--pretrain_epochs=1") == 2
+    assert run_pretrain(train_dir, "taken", demo_file, "--pretrain_epochs=1") == 2
     err = capsys.readouterr().err
     assert "already has checkpoints" in err and err.count("\n") == 1
 
