@@ -124,10 +124,10 @@ def build_model(
                 f"env, observations, --action_chunk, --policy_head and network options it was trained with"
                 + init_from_env_hint(path, cfg.env.env)
             ) from None
+        critic_note = "" if model.value_head is None else " and critic" if critic else "; the critic starts afresh"
         print(
-            f"starting from the weights of {path} (--init_from): policy, observation statistics"
-            + (" and critic" if critic else "; the critic starts afresh")
-            + "; a fresh optimiser at step 0",
+            f"starting from the weights of {path} (--init_from): policy, observation statistics{critic_note}; a "
+            "fresh optimiser at step 0",
             flush=True,
         )
     return model
