@@ -1,0 +1,232 @@
+"""From demonstrations to higher LIBERO success: scripted demos -> few-shot behaviour cloning -> RL fine-tuning.
+
+    python -m benchmarks.libero_finetune                                  # LIBERO-Object, every task
+    python -m benchmarks.libero_finetune --tasks=0,1,2 --env_steps=150000  # a subset on a small machine
+    python -m benchmarks.libero_finetune --methods=rloo --eval_init_states=10
+
+Stages, each a run of the engine's own commands (a stage whose output exists is reused, so a stopped benchmark
+resumes; ``--fresh`` starts over):
+
+    sfengine.demos      --demos_per_task scripted demonstrations of each task (with --demo_action_noise)
+    sfengine.pretrain   bc_gaussian (the Gaussian head) and bc_flow (the flow head), from those demonstrations
+    sfengine.evaluate   both clones, on every (task, init state) of the chosen tasks (--eval_init_states: the first N)
+    sfengine.train      from a clone (--init_from), each method for --env_steps:
+                          ppo       Gaussian head, PPO with a critic warmed up alone first (--critic_warmup_batches)
+                          rloo      Gaussian head, critic-free RLOO over groups of G = 8 episodes of one init state
+                          flow_sar  flow head, FlowSAR (configs/flow_sar.yaml) in groups of 8
+    sfengine.evaluate   each fine-tuned policy, on the same pairs as its clone
+
+Gaussian policies are evaluated with the distribution's mode, flow policies sampled (the flow head's own mode,
+x_1 = 0, is the weaker one: README). Results: ``<out>/summary.json``, ``<out>/summary.md`` (success per task and
+overall, before and after, env steps, wall time, machine) and ``<out>/libero_finetune.png`` (success per task
+before and after, and each fine-tuning run's training success against env steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sfengine.events import read_scalars
+
+RESULTS = Path(__file__).parent / "results" / "libero_finetune"
+SUCCESS_TAG = "episodes/success_rate"
+GROUP_SIZE = 8
+CLONES = {"ppo": "bc_gaussian", "rloo": "bc_gaussian", "flow_sar": "bc_flow"}
+FLOW_OPTIONS = ["--policy_head=flow", "--algo=flow_sar", "--group_outcome=success"]
+METHOD_OPTIONS = {
+    "ppo": ["--learning_rate=1e-4", "--critic_warmup_batches=10"],
+    "rloo": ["--advantage=rloo", f"--task_group_size={GROUP_SIZE}", "--learning_rate=1e-4"],
+    "flow_sar": ["--cfg=flow_sar", f"--task_group_size={GROUP_SIZE}", "--learning_rate=1e-4"],
+}
+COLORS = {"clone": "tab:gray", "ppo": "tab:blue", "rloo": "tab:orange", "flow_sar": "tab:green"}
+
+
+def run(command: list[str], log: Path) -> float:
+    """Run one engine command with its output in ``log``; its wall time. A failed command stops the benchmark."""
+    print(" ".join(command), flush=True)
+    started = time.time()
+    with open(log, "w") as out:
+        result = subprocess.run(
+            command, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONWARNINGS="ignore")
+        )
+    if result.returncode != 0:
+        sys.exit(f"libero_finetune: {command[2]} failed with exit code {result.returncode}; see {log}")
+    return time.time() - started
+
+
+def engine(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", f"sfengine.{module}", *args]
+
+
+def evaluate(args, train_dir: Path, experiment: str, flow: bool) -> dict:
+    """The latest checkpoint of ``experiment`` evaluated on the chosen pairs; its results.json."""
+    out = train_dir / experiment / "eval"
+    found = sorted(out.glob("*/results.json"))
+    if not found:
+        command = engine("evaluate", f"--train_dir={train_dir}", f"--experiment={experiment}")
+        command += [f"--eval_tasks={args.tasks}"] if args.tasks else []
+        command += [f"--eval_init_states={args.eval_init_states}", f"--eval_deterministic={not flow}"]
+        run(command, train_dir / f"{experiment}_eval.log")
+        found = sorted(out.glob("*/results.json"))
+    return json.loads(found[-1].read_text())
+
+
+def fine_tune(args, train_dir: Path, method: str) -> dict:
+    experiment = f"finetune_{method}"
+    summary_path = train_dir / experiment / "summary.json"
+    if not summary_path.is_file():
+        flow = method == "flow_sar"
+        command = engine("train", f"--train_dir={train_dir}", f"--experiment={experiment}", f"--env={args.env}")
+        command += [f"--init_from={CLONES[method]}", f"--train_for_env_steps={args.env_steps}", f"--seed={args.seed}"]
+        command += [f"--tasks={args.tasks}"] if args.tasks else []
+        command += [*METHOD_OPTIONS[method], *(FLOW_OPTIONS if flow else []), "--report_every_sec=30"]
+        run([*command, *args.extra], train_dir / f"{experiment}.log")
+    summary = json.loads(summary_path.read_text())
+    steps, values = curve(train_dir / experiment)
+    return {"summary": summary, "curve": {"env_steps": steps, "success": values}}
+
+
+def curve(experiment_dir: Path) -> tuple[list[int], list[float]]:
+    scalars = read_scalars(experiment_dir)
+    points = scalars.get(SUCCESS_TAG, [])
+    return [point.step for point in points], [point.value for point in points]
+
+
+def per_task(results: dict) -> dict[str, float]:
+    return {task["name"]: task["success_rate"] for task in results["tasks"]}
+
+
+def markdown(table: dict) -> str:
+    clone_rows = {name: table["clones"][name]["overall"] for name in table["clones"]}
+    lines = [
+        f"LIBERO fine-tuning on {table['env']} (tasks {table['tasks'] or 'all'}), {table['machine']}, {table['date']}",
+        f"demonstrations: {table['demos']}; each method fine-tuned for {table['env_steps']:,} env steps",
+        "",
+        "| policy | success before | success after | change | env steps | wall time (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, overall in clone_rows.items():
+        lines.append(f"| {name} (clone) | {overall['success_rate']:.3f} | | | 0 | |")
+    for method, row in table["methods"].items():
+        before, after = row["before"]["overall"]["success_rate"], row["after"]["overall"]["success_rate"]
+        lines.append(
+            f"| {method} from {CLONES[method]} | {before:.3f} | {after:.3f} | {100 * (after - before):+.1f} points "
+            f"| {row['summary']['env_steps']:,} | {row['summary']['wall_seconds']:.0f} |"
+        )
+    lines += ["", "| task | " + " | ".join(["clone (Gaussian)", "clone (flow)", *table["methods"]]) + " |"]
+    lines.append("|---" * (3 + len(table["methods"])) + "|")
+    for task in per_task(table["clones"]["bc_gaussian"]):
+        cells = [per_task(table["clones"][c]).get(task, float("nan")) for c in ("bc_gaussian", "bc_flow")]
+        cells += [per_task(row["after"]).get(task, float("nan")) for row in table["methods"].values()]
+        lines.append(f"| {task} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    tasks = list(per_task(table["clones"]["bc_gaussian"]))
+    figure, (bars, curves) = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [2, 1]})
+    columns = [
+        ("clone", table["clones"]["bc_gaussian"], "Gaussian clone"),
+        ("clone", table["clones"]["bc_flow"], "flow clone"),
+    ]
+    columns += [(m, row["after"], f"{m} after") for m, row in table["methods"].items()]
+    width = 0.8 / len(columns)
+    for i, (key, results, label) in enumerate(columns):
+        values = [per_task(results).get(t, np.nan) for t in tasks] + [results["overall"]["success_rate"]]
+        hatch = "//" if label == "flow clone" else None
+        bars.bar(np.arange(len(tasks) + 1) + i * width, values, width, label=label, color=COLORS[key], hatch=hatch)
+    bars.set_xticks(np.arange(len(tasks) + 1) + 0.4 - width / 2)
+    short = [t.replace("pick_up_the_", "").replace("_and_place_it_in_the_basket", "") for t in tasks]
+    bars.set_xticklabels([*short, "overall"], rotation=45, ha="right")
+    bars.set_ylabel("success rate (sfengine.evaluate)")
+    bars.set_ylim(0, 1)
+    bars.legend(fontsize=8)
+    for method, row in table["methods"].items():
+        curves.plot(row["curve"]["env_steps"], row["curve"]["success"], label=method, color=COLORS[method])
+    curves.set_xlabel("env steps")
+    curves.set_ylabel("training success rate (sampled)")
+    curves.legend(fontsize=8)
+    figure.suptitle(f"{table['env']}: clones of {table['demos']} and RL fine-tuning ({table['machine']})")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="libero_object")
+    parser.add_argument("--tasks", default="", help="comma-separated task ids (default: every task)")
+    parser.add_argument("--demos_per_task", type=int, default=5)
+    parser.add_argument("--demo_action_noise", type=float, default=0.2)
+    parser.add_argument("--pretrain_epochs", type=int, default=300)
+    parser.add_argument("--eval_init_states", type=int, default=0, help="evaluate each task's first N (0: all)")
+    parser.add_argument("--env_steps", type=int, default=200_000)
+    parser.add_argument("--methods", default="ppo,rloo,flow_sar")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--train_dir", default="train_dir/libero_finetune")
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--fresh", action="store_true", help="delete --train_dir first")
+    args, args.extra = parser.parse_known_args()
+    train_dir, out = Path(args.train_dir), Path(args.out)
+    if args.fresh:
+        shutil.rmtree(train_dir, ignore_errors=True)
+    train_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+
+    demos = train_dir / "demos.hdf5"
+    if not demos.is_file():
+        command = engine("demos", f"--env={args.env}", f"--demos_per_task={args.demos_per_task}")
+        command += [f"--demo_action_noise={args.demo_action_noise}", f"--demos_output={demos}"]
+        command += [f"--demo_tasks={args.tasks}"] if args.tasks else []
+        run(command, train_dir / "demos.log")
+    for clone, head in (("bc_gaussian", []), ("bc_flow", FLOW_OPTIONS)):
+        if not (train_dir / clone / "summary.json").is_file():
+            command = engine("pretrain", f"--demos={demos}", f"--experiment={clone}", f"--train_dir={train_dir}")
+            run(
+                [*command, f"--pretrain_epochs={args.pretrain_epochs}", f"--seed={args.seed}", *head],
+                train_dir / f"{clone}.log",
+            )
+    clones = {clone: evaluate(args, train_dir, clone, flow=clone == "bc_flow") for clone in ("bc_gaussian", "bc_flow")}
+    methods = {}
+    for method in args.methods.split(","):
+        row = fine_tune(args, train_dir, method)
+        row["before"] = clones[CLONES[method]]
+        row["after"] = evaluate(args, train_dir, f"finetune_{method}", flow=method == "flow_sar")
+        methods[method] = row
+    demo_report = json.loads(demos.with_suffix(".json").read_text())
+    table = {
+        "env": args.env,
+        "tasks": args.tasks,
+        "demos": f"{args.demos_per_task} demos per task (action noise {args.demo_action_noise}), "
+        f"demonstrator success {demo_report['success_rate']:.2f}",
+        "demonstrator": demo_report,
+        "env_steps": args.env_steps,
+        "eval_init_states": args.eval_init_states or "all",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU" if not shutil.which("nvidia-smi") else "GPU",
+        "date": time.strftime("%Y-%m-%d"),
+        "wall_seconds": round(time.time() - started),
+        "clones": clones,
+        "methods": methods,
+    }
+    (out / "summary.json").write_text(json.dumps(table, indent=1))
+    (out / "summary.md").write_text(markdown(table))
+    plot(table, out / "libero_finetune.png")
+    print(markdown(table))
+
+
+if __name__ == "__main__":
+    main()
