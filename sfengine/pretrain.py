@@ -290,7 +290,6 @@ def main(argv: list[str] | None = None) -> int:
         "--experiment=<new name>",
         flush=True,
     )
-    print(json.dumps(summary), flush=True)
     return 0
 
 

@@ -48,6 +48,23 @@ def test_reach_demos_are_successful_episodes_of_every_task_with_the_actions_take
     assert report["success_rate"] == 1.0 and [t["successes"] for t in report["tasks"]] == [3] * 8
 
 
+def test_failed_episodes_are_counted_and_left_out(tmp_path):
+    # Five steps leave the expert one to spare (the goal is 4 full steps away), so noise makes it fail at times.
+    output = tmp_path / "noisy.hdf5"
+    args = ["--env=multitask_reach", "--max_episode_steps=5", "--demos_per_task=2", "--demo_action_noise=1"]
+    result = record(tmp_path, *args, f"--demos_output={output}")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(output.with_suffix(".json").read_text())
+    assert sum(t["attempts"] for t in report["tasks"]) > sum(t["successes"] for t in report["tasks"])
+    assert all(t["attempts"] == t["successes"] + len(t["failed_init_states"]) for t in report["tasks"])
+    demos = read_demos(output).demos
+    assert len(demos) == sum(t["successes"] for t in report["tasks"])
+    assert all(d.dones[-1] == 1 and d.rewards[-1] == 1.0 for d in demos)
+    for task in report["tasks"]:  # a demo's init state is one its task tried and did not fail from
+        kept = [d.init_state for d in demos if d.task == task["task"]]
+        assert not set(kept) & set(task["failed_init_states"])
+
+
 def test_bad_demo_requests_are_one_line_errors(tmp_path):
     for args, words in (
         (["--env=multitask_reach", "--demos_per_task=0"], "--demos_per_task=0"),
