@@ -102,13 +102,16 @@ def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str,
 
 
 def demo_defaults(given: dict[str, Any], demo_set: DemoSet) -> list[str]:
-    """What the demonstrations say where the user said nothing: the env and its observation mode. A flow head
+    """What the demonstrations say where the user said nothing: the env, its observation mode and image size. A flow head
     goes with --algo=flow_sar, the algorithm that fine-tunes it, so the checkpoint's config.json builds the same
     critic-free model in sfengine.evaluate and sfengine.train."""
     defaults = {"env": demo_set.env}
     env = given.get("env", demo_set.env)
     if ENV_OPTION_GROUP_OF.get(env) == option_table()[OBS_MODE_OPTION].group:
         defaults[OBS_MODE_OPTION] = demo_set.obs_mode
+        images = [obs for obs in demo_set.demos[0].obs.values() if obs.ndim == 4] if demo_set.demos else []
+        if images:  # the cameras' size too
+            defaults["libero_image_size"] = images[0].shape[1]
     if given.get("policy_head") == "flow":
         defaults.update(algo="flow_sar", group_outcome="success")
     return [f"--{name}={value}" for name, value in defaults.items() if name not in given]
