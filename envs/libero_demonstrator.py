@@ -176,9 +176,14 @@ class PickPlaceDemonstrator:
         # The fingertips reach about 4 cm below the hand: hold a tall object that far below its top, a flat one
         # by its middle.
         self.grasp_above_bottom = max(self.height - 0.035, self.height / 2)
+        # Too wide for the fingers and round (a bowl): held by its rim, one finger inside.
+        self.rim_grasp = box.narrow_axis is None and box.long_width > FINGER_REACH
+        if self.rim_grasp:
+            self.grasp_above_bottom = self.height - 0.02
         # A region is named after the object that holds it ("basket_1_contain_region"); a fixture's region
         # (a table area) has no object, and its rim is the region itself.
-        owners = [name for name in rs.obj_body_id if self.region.startswith(name + "_")]
+        # The target may also be an object itself ("On bowl plate_1").
+        owners = [name for name in rs.obj_body_id if self.region == name or self.region.startswith(name + "_")]
         self.target_body = max(owners, key=len) if owners else None
         self.left_finger = _body_id(model, "gripper0_leftfinger")
         self.right_finger = _body_id(model, "gripper0_rightfinger")
@@ -189,7 +194,8 @@ class PickPlaceDemonstrator:
         """The direction the fingers close along and the grasp point's offset from the object's centre, chosen
         so that the hand (a 21 x 7 cm block whose underside is 3 cm above the grip point) misses the neighbours
         standing taller than it. A box is held across its narrow side, turned at most 25 degrees (while its
-        width across stays under the fingers' reach) and moved along its long side; a round object at any yaw."""
+        width across stays under the fingers' reach) and moved along its long side; a round object at any yaw; a
+        bowl by its rim, from any side."""
         model, data = rs.sim.model._model, rs.sim.data._data
         hand_bottom = box.lo[2] + self.grasp_above_bottom + HAND_ABOVE_GRIP
         standing = [body_points(model, data, name) for name in rs.obj_body_id if name != self.object]
@@ -198,11 +204,15 @@ class PickPlaceDemonstrator:
         )
         centre = box.centre[:2]
         current = self._finger_direction(data)
-        if box.narrow_axis is None:
-            base = np.arctan2(current[1], current[0])
+        turns = (0, 15, -15, 30, -30, 45, -45, 60, -60, 75, -75, 90)
+        if self.rim_grasp:  # the fingers close across the rim: the grip point sits on it, the axis radial
+            base, rim = np.arctan2(current[1], current[0]), box.long_width / 2 - 0.005
             candidates = [
-                (unit(base + np.radians(d)), np.zeros(2)) for d in (0, 15, -15, 30, -30, 45, -45, 60, -60, 75, -75, 90)
+                (unit(base + np.radians(d)), side * rim * unit(base + np.radians(d))) for d in turns for side in (1, -1)
             ]
+        elif box.narrow_axis is None:
+            base = np.arctan2(current[1], current[0])
+            candidates = [(unit(base + np.radians(d)), np.zeros(2)) for d in turns]
         else:
             base = np.arctan2(box.narrow_axis[1], box.narrow_axis[0])
             long_axis = np.array([-box.narrow_axis[1], box.narrow_axis[0]])
@@ -227,12 +237,13 @@ class PickPlaceDemonstrator:
         """Where the object goes (xy of the region) and the height of the target's rim."""
         rs = env.sim.env
         model, data = rs.sim.model._model, rs.sim.data._data
-        site = rs.object_sites_dict[self.region]
-        site_xpos = data.site_xpos[_site_id(model, site.name)]
-        rim = site_xpos[2]
+        target = None
         if self.target_body is not None:
-            rim = body_box(model, data, self.target_body, rs.obj_body_id[self.target_body]).hi[2]
-        return site_xpos[:2].copy(), rim
+            target = body_box(model, data, self.target_body, rs.obj_body_id[self.target_body])
+        if self.region in rs.object_sites_dict:
+            site_xpos = data.site_xpos[_site_id(model, rs.object_sites_dict[self.region].name)]
+            return site_xpos[:2].copy(), site_xpos[2] if target is None else target.hi[2]
+        return target.centre[:2], target.hi[2]
 
     def _finger_direction(self, data) -> np.ndarray:
         fingers = (data.xpos[self.left_finger] - data.xpos[self.right_finger])[:2]

@@ -55,7 +55,7 @@ class FlowSARTrainer(PPOTrainer):
         target = noise - actions  # u: the path's velocity
         obs = {key: o[:n] for key, o in batch.obs.items()}
         num_episodes = success.shape[0]
-        sums: dict[str, float] = {}
+        self.sums = sums = {}  # _apply_gradients counts skipped steps in it too
         for _ in range(cfg.num_epochs):
             for idx in torch.randperm(n, device=actions.device).chunk(cfg.num_batches_per_epoch):
                 v_theta = self.model.flow_head.velocity(
@@ -78,9 +78,7 @@ class FlowSARTrainer(PPOTrainer):
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
-                self.group.average_gradients(self.model)
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + self._clip_gradients()
-                self.optimizer.step()
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + self._apply_gradients()
                 for name, value in out._asdict().items():
                     sums[name] = sums.get(name, 0.0) + float(value.detach())
         self.model.update_normalizers(obs, self.group.sum)
@@ -96,7 +94,8 @@ class FlowSARTrainer(PPOTrainer):
         for ref, current in zip(self.reference.buffers(), self.model.buffers()):
             ref.copy_(current)  # the observation statistics: the reference sees inputs as the policy does
         num_updates = cfg.num_epochs * cfg.num_batches_per_epoch
-        stats = {f"flow_sar_{name}" if name != "grad_norm" else name: v / num_updates for name, v in sums.items()}
+        shared = ("grad_norm", "nonfinite_steps")  # named as PPO's
+        stats = {name if name in shared else f"flow_sar_{name}": v / num_updates for name, v in sums.items()}
         lag = (learner_version - batch.versions[:n]).float()
         stats.update(
             flow_sar_weight_mean=float(weights.mean()),

@@ -52,11 +52,15 @@ class RunningMeanStd(nn.Module):
     @torch.no_grad()
     def update(self, x: Tensor, sum_over_ranks: Callable[[Tensor], Tensor] | None = None) -> None:
         """Merge the moments of the batch ``x`` [..., dim]. In a multi-rank run, ``sum_over_ranks`` sums the
-        batch's count, sum and sum of squares over the ranks, so every rank applies the same update."""
+        batch's count, sum and sum of squares over the ranks, so every rank applies the same update. Rows with a
+        NaN or infinite value are left out: one would make the statistics, and every later input, NaN."""
         x = x.reshape(-1, x.shape[-1]).double()
+        x = x[torch.isfinite(x).all(1)]
         sums = torch.cat([x.new_tensor([x.shape[0]]), x.sum(0), x.pow(2).sum(0)])
         if sum_over_ranks is not None:
             sums = sum_over_ranks(sums)
+        if sums[0] == 0:
+            return
         dim = x.shape[1]
         n, batch_mean = sums[0], sums[1 : 1 + dim] / sums[0]
         batch_var = (sums[1 + dim :] / n - batch_mean.pow(2)).clamp_min(0.0)

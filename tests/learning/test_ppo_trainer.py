@@ -136,6 +136,19 @@ def test_constant_schedule_keeps_the_learning_rate():
     assert trainer.optimizer.param_groups[0]["lr"] == stats["learning_rate"] == pytest.approx(3e-3)
 
 
+def test_a_step_with_a_nonfinite_loss_is_skipped_and_counted_and_the_weights_stay_finite():
+    trainer = make_trainer()
+    poisoned = bandit_batch()
+    poisoned.obs["obs"][3, 2] = math.nan  # one step of one trajectory: every minibatch that holds it is lost
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    stats = trainer.train(poisoned, LEARNER_VERSION, env_steps=0)
+    # Neither the weights nor the observation statistics took the NaN in: the next batch trains as usual.
+    assert all(torch.isfinite(t).all() for t in trainer.model.state_dict().values())
+    assert 0 < stats["nonfinite_steps"] < 1  # the minibatches without the NaN step still trained
+    assert any(not torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
+    assert trainer.train(bandit_batch(), LEARNER_VERSION, env_steps=0)["nonfinite_steps"] == 0
+
+
 def test_stats_report_every_loss_and_diagnostic_as_a_finite_number():
     stats = make_trainer().train(bandit_batch(), LEARNER_VERSION, env_steps=0)
     expected = {"loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"}
