@@ -6,6 +6,7 @@ accepts it and a resumed run never silently falls back to step 0.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -33,16 +34,27 @@ def list_checkpoints(experiment_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
 
 
+class CheckpointSaveError(OSError):
+    """A checkpoint that could not be written (disk full, no permission): the older ones are untouched."""
+
+
 def save_checkpoint(experiment_dir: Path, state: dict, keep: int) -> Path:
-    """Write ``state`` as checkpoint_<version>_<env_steps>.pt through a temp file and a rename; keep the newest."""
+    """Write ``state`` as checkpoint_<version>_<env_steps>.pt through a temp file and a rename; keep the newest.
+    A write that fails removes its temp file and raises CheckpointSaveError; no older checkpoint is deleted."""
     directory = checkpoint_dir(experiment_dir)
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"checkpoint_{state['policy_version']:09d}_{state['env_steps']}.pt"
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save({"format_version": FORMAT_VERSION, **state}, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save({"format_version": FORMAT_VERSION, **state}, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as RuntimeError
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointSaveError(f"cannot write checkpoint {path.name} in {directory} ({reason})") from exc
     for old in list_checkpoints(experiment_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return path

@@ -18,7 +18,7 @@ import torch
 from signal_slot.signal_slot import Timer, signal
 
 from sfengine.buffers import SharedBuffers, SharedWeights, TrajectoryBuffers
-from sfengine.checkpoint import save_checkpoint
+from sfengine.checkpoint import CheckpointSaveError, list_checkpoints, save_checkpoint
 from sfengine.config import Config
 from sfengine.distributed import LearnerGroup, RankBatch, RankInfo, parameter_checksum
 from sfengine.event_loop import Component, stop_own_loop
@@ -138,6 +138,7 @@ class LearnerWorker(Component):
         self.batch_slots = slots
         self.batcher.set_batch_slots(slots)
         self.train_sec = 0.0
+        self.failed_saves = 0
         self.last_save = time.time()
         if cfg.run.save_every_sec > 0:
             self.save_timer = Timer(self.event_loop, cfg.run.save_every_sec)
@@ -184,6 +185,8 @@ class LearnerWorker(Component):
             self.weights.publish(self.model, self.version, self.reference)
         if isinstance(batch, GroupBatch):
             stats.update(group_stats(batch))
+        if self.failed_saves:
+            stats["checkpoint_save_failures"] = float(self.failed_saves)
         self.env_steps += sum(rank.samples for rank in ranks)
         self.rank_env_steps = [steps + rank.samples for steps, rank in zip(self.rank_env_steps, ranks)]
         self.batch_released.emit(slot)
@@ -243,11 +246,21 @@ class LearnerWorker(Component):
             "task_sequence": {"ranks": [*others[:rank], self._task_sequence(), *others[rank + 1 :]]},
         }
 
-    def save(self) -> None:
+    def save(self) -> bool:
+        """Write a checkpoint (rank 0); whether it was written. A failed write (disk full, no permission) is one
+        line in the log and a count in the stats: the run goes on, the older checkpoints stay, the next save
+        (``--save_every_sec`` later, or at stop) tries again."""
         if self.ranks.rank != 0:
-            return  # every rank holds the same weights; rank 0 writes them
-        path = save_checkpoint(self.cfg.experiment_dir, self.checkpoint_state(), self.cfg.run.keep_checkpoints)
+            return True  # every rank holds the same weights; rank 0 writes them
+        try:
+            path = save_checkpoint(self.cfg.experiment_dir, self.checkpoint_state(), self.cfg.run.keep_checkpoints)
+        except CheckpointSaveError as exc:
+            self.failed_saves += 1
+            kept = list_checkpoints(self.cfg.experiment_dir)
+            log.error("%s; kept %s; the run goes on and the next save retries", exc, kept[-1].name if kept else "none")
+            return False
         log.info("checkpoint saved: %s", path.name)
+        return True
 
     def on_stop(self) -> None:
         if self.stopped:

@@ -211,6 +211,62 @@ def test_run_writes_config_tensorboard_checkpoints_every_few_seconds_and_summary
     assert f"python -m sfengine.plot --train_dir={train_dir} --experiment=files" in out
 
 
+# A user script whose learner finds the disk full for its 2nd and 3rd checkpoint: each of those writes leaves part
+# of a file, then fails as a full disk fails (the script runs again in every spawned process).
+DISK_FULL_SCRIPT = textwrap.dedent(
+    """
+    import errno
+    import sys
+
+    import torch
+
+    from sfengine.train import main
+
+    real_save, writes = torch.save, []
+
+
+    def save_on_a_filling_disk(obj, path, *args, **kwargs):
+        if "checkpoint_" in str(path):
+            writes.append(path)
+            if len(writes) in (2, 3):
+                with open(path, "wb") as f:
+                    f.write(b"half a checkpoint")
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, path, *args, **kwargs)
+
+
+    torch.save = save_on_a_filling_disk
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_a_checkpoint_that_cannot_be_written_keeps_the_last_one_and_the_run_goes_on(tmp_path, train_dir):
+    script = tmp_path / "disk_full.py"
+    script.write_text(DISK_FULL_SCRIPT)
+    args = [*FAST, "--train_for_env_steps=60000", "--save_every_sec=1", "--keep_checkpoints=5"]
+    command = [sys.executable, str(script), *train_command(train_dir, "full", *args)[3:]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stdout + result.stderr
+    saved = list(dict.fromkeys(re.findall(r"checkpoint saved: (checkpoint_\d+_\d+\.pt)", log)))
+    failures = re.findall(
+        r"cannot write checkpoint (checkpoint_\d+_\d+\.pt) .*\(.*No space left on device\); kept (\S+);", log
+    )
+    assert len(failures) == 2, log[-3000:]
+    # Each failure kept the newest checkpoint written before it, and the saves after it succeeded again.
+    assert failures[0][1] == failures[1][1] == saved[0]
+    assert len(saved) >= 2
+    summary = read_summary(train_dir, "full")
+    assert saved[-1] == f"checkpoint_{summary['policy_version']:09d}_{summary['env_steps']}.pt"
+    directory = train_dir / "full" / "checkpoints"
+    assert sorted(p.name for p in directory.iterdir()) == sorted(saved[-5:])  # no half-written file left
+    for path in directory.iterdir():
+        assert torch.load(path, weights_only=True)["env_steps"] > 0
+
+
 def test_train_for_seconds_stops_the_run_cleanly_on_time(train_dir):
     # The clock runs from the start, so the stop may even reach components still starting: they stop all the same.
     started = time.time()
