@@ -46,7 +46,13 @@ from sfengine.demos.dataset import DemoSet, read_demos
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import resolve_env_factory
 from sfengine.event_loop import configure_logging
-from sfengine.learning.behavior_cloning import demo_samples, split_by_episode, train_epoch, validation_loss
+from sfengine.learning.behavior_cloning import (
+    demo_samples,
+    fit_action_std,
+    split_by_episode,
+    train_epoch,
+    validation_loss,
+)
 from sfengine.progress import format_duration
 from sfengine.spaces import ActionSpec, ObsSpec
 from sfengine.train import build_model, prepare_experiment_dir, probe_env
@@ -220,6 +226,10 @@ def pretrain(
             progress.epoch_done(epoch, train_loss, val_loss, started)
     except KeyboardInterrupt:
         stop_reason = f"interrupted after {len(losses['train'])} epochs"
+    action_std = fit_action_std(model, train, batch_size)
+    fitted_loss = validate() if action_std is not None else None  # the loss of the checkpoint's std
+    if fitted_loss is not None:
+        writer.add_scalar("pretrain/validation_loss_fitted_std", fitted_loss, len(losses["train"]))
     writer.close()
     path = save_checkpoint(cfg.experiment_dir, checkpoint_state(model, optimizer, options), cfg.run.keep_checkpoints)
     summary = {
@@ -235,6 +245,8 @@ def pretrain(
         "loss": LOSS_NAMES[head],
         "train_loss": losses["train"],
         "validation_loss": losses["validation"],  # entry 0: before training
+        "action_std": None if action_std is None else [round(float(x), 4) for x in action_std],
+        "validation_loss_fitted_std": fitted_loss,
         "wall_seconds": round(time.time() - started, 2),
         "checkpoint": str(path),
         "stop_reason": stop_reason,

@@ -5,6 +5,7 @@
         --split_by_episode-->  training and validation episodes
         --bc_loss-->  Gaussian head: -log pi(chunk | obs), the negative log-likelihood of the unclipped action
                       flow head:     the flow-matching regression of sfengine.models.flow_head
+        --fit_action_std-->  Gaussian head: the log-std set to the actions' spread around the trained mean
 
 A chunk that runs past its episode's end is padded with the episode's last action repeated: the demonstrator
 would have held it, and the policy, which acts in whole chunks, must still emit K actions there.
@@ -118,6 +119,26 @@ def train_epoch(
         if on_step is not None:
             on_step(steps, float(loss.detach()))
     return total / len(samples)
+
+
+@torch.no_grad()
+def fit_action_std(model: ActorCritic, samples: DemoSamples, batch_size: int) -> Tensor | None:
+    """Set a Gaussian head's state-independent log-std to its maximum-likelihood value given the trained mean:
+    the root-mean-square deviation of the demonstrated actions from the mean, per action dimension. Returns the
+    std (None for a flow head or a state-dependent std, which learn theirs). Gradient steps move a log-std
+    slowly: on 15 LIBERO demonstrations 300 epochs left it at 0.53 against a spread of the actions around the
+    mean of about 0.2, and a clone whose mean succeeds then fails with its own samples."""
+    if model.flow_head is not None or getattr(model, "log_std", None) is None:
+        return None
+    squares = torch.zeros_like(model.log_std, dtype=torch.float64)
+    for rows in torch.arange(len(samples), device=samples.actions.device).split(batch_size):
+        batch = samples.select(rows)
+        params, _ = model(batch.obs)
+        mean, _ = model._mean_log_std(params)
+        squares += (batch.actions - mean).double().pow(2).sum(0)
+    std = (squares / len(samples)).sqrt().clamp(np.exp(-5.0), np.exp(2.0)).float()
+    model.log_std.copy_(std.log())
+    return std
 
 
 @torch.no_grad()

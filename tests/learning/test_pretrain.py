@@ -117,6 +117,11 @@ def test_cloning_lowers_the_validation_loss_and_writes_a_training_runs_files(clo
         state["model"]["normalizers.obs.mean"], torch.tensor(train_obs.mean(0)), atol=1e-5, rtol=0
     )
     assert not state["model"]["value_head.weight"].any()
+    # The log-std is the spread of the demonstrated actions around the clone's mean: the demonstrator's noise
+    # (0.2, less where the clip to [-1, 1] cuts it) plus what the mean misses; gradient steps left it near its start.
+    std = state["model"]["log_std"].exp()
+    torch.testing.assert_close(std, torch.tensor(summary["action_std"]), atol=1e-4, rtol=0)
+    assert all(0.05 < s < 0.3 for s in std.tolist()), std
 
 
 def test_the_clone_evaluates_far_above_a_random_policy(cloned):
