@@ -167,6 +167,9 @@ class SharedBuffers:
     trajectories: TrajectoryBuffers
     splits: SplitState
     buffers_per_worker: int
+    # float64 [2]: the wall time the learner's current update or save began (0: idle), and its longest one so
+    # far in seconds (for HangWatch)
+    learner_clock: Tensor
 
     @classmethod
     def allocate(
@@ -185,7 +188,7 @@ class SharedBuffers:
         splits = SplitState.allocate(
             cfg.sampler.num_workers * cfg.sampler.worker_num_splits, cfg.envs_per_split, obs_spec
         )
-        return cls(trajectories, splits, per_worker)
+        return cls(trajectories, splits, per_worker, shared_zeros((2,), torch.float64))
 
     def owner_of(self, buffer_id: int) -> int:
         return buffer_id // self.buffers_per_worker

@@ -1,4 +1,5 @@
-"""Hung workers: a rollout or inference worker that stops reporting is named, its stack printed, and the run ends.
+"""Hung components: a rollout or inference worker that stops reporting, or a learner stuck inside one update or
+save, is named, its stack printed, and the run ends.
 
 Every rollout and inference worker reports once a second from its event loop. One stuck inside a slot (an env
 whose ``step`` never returns, a simulator deadlock, a blocked device call) stops reporting, and without a watch
@@ -11,20 +12,35 @@ A rollout worker writes, in shared memory, which env it is stepping and each env
 error names the env even though the hung process can no longer say anything itself. Start-up is not watched
 (building LIBERO simulators can take minutes): a worker is watched from its first report, which it sends as
 soon as its start-up is over.
+
+The learner is silent whenever no batch is ready (a slow env), so silence says nothing about it: it marks in shared
+memory when each update or save begins and ends (``SharedBuffers.learner_clock``), and it is hung when one lasts
+far longer than its longest so far (``learner_hung``). It cannot save then: the run ends with the last checkpoint
+it wrote.
 """
 
 from __future__ import annotations
 
 import time
 
+from torch import Tensor
+
 from sfengine.buffers import NO_ENV, SplitState
 from sfengine.config import Config
 
+LEARNER_TIMEOUT_FACTOR = 10  # a learner update or save is hung after this many times its longest so far
+
 
 class HangWatch:
-    def __init__(self, cfg: Config, splits: SplitState, task_names: list[str] | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        splits: SplitState,
+        task_names: list[str] | None = None,
+        learner_clock: Tensor | None = None,
+    ):
         self.timeout = cfg.run.hang_timeout_sec
-        self.splits, self.task_names = splits, task_names
+        self.splits, self.task_names, self.learner_clock = splits, task_names, learner_clock
         self.num_splits = cfg.sampler.worker_num_splits
         self.last_heard: dict[str, float] = {}
 
@@ -37,6 +53,22 @@ class HangWatch:
             return None
         now = time.monotonic()
         return next((name for name, heard in self.last_heard.items() if now - heard > self.timeout), None)
+
+    def learner_hung(self) -> str | None:
+        """What the learner is stuck in, if it has been inside one update or save for longer than its own timeout:
+        ``--hang_timeout_sec`` or ``LEARNER_TIMEOUT_FACTOR`` times its longest so far, whichever is longer (a first
+        update that compiles, or a large model's save, may take a while). A learner waiting for a batch is not
+        hung: the rollout side is watched for that."""
+        if not self.timeout or self.learner_clock is None or not float(self.learner_clock[0]):
+            return None
+        busy, longest = time.time() - float(self.learner_clock[0]), float(self.learner_clock[1])
+        timeout = max(self.timeout, LEARNER_TIMEOUT_FACTOR * longest)
+        if busy <= timeout:
+            return None
+        return (
+            f"learner has been inside one update or save for {busy:.0f} s, over its timeout of {timeout:.0f} s "
+            f"(the longer of --hang_timeout_sec and {LEARNER_TIMEOUT_FACTOR}x its longest so far, {longest:.2f} s)"
+        )
 
     def describe(self, component: str) -> str:
         """What the component was doing, as far as shared memory tells: for a rollout worker, the env it is in."""

@@ -12,6 +12,7 @@ In serial mode every component lives on the runner's loop.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -25,6 +26,7 @@ from signal_slot.signal_slot import Timer, signal
 from tensorboardX import SummaryWriter
 
 from sfengine.buffers import SharedBuffers, SharedWeights
+from sfengine.checkpoint import list_checkpoints
 from sfengine.config import Config
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory
@@ -244,6 +246,8 @@ class Runner(Component):
                     self.request_stop(f"process died: {names}", exit_code=1)
                 elif self.hang_watch is not None and (hung := self.hang_watch.hung()):
                     self._stop_hung(hung)
+                elif self.hang_watch is not None and (stuck := self.hang_watch.learner_hung()):
+                    self._stop_hung_learner(stuck)
             return
         children_done = all(not p.is_alive() for p in self.processes)
         if (self.processes and children_done) or (not self.processes and self.stats.final_learner_report):
@@ -276,6 +280,20 @@ class Runner(Component):
             victim.kill()
             Component.abandoned_inboxes.append(victim.event_loop.signal_queue)
         self.request_stop(f"hung: {component}", exit_code=1)
+
+    def _stop_hung_learner(self, description: str) -> None:
+        """Print the stuck learner's stack, end it, and stop the run with exit code 1; the checkpoint to resume
+        from is the last one it wrote before it hung."""
+        process = next(p for p in self.processes if p.name == "learner_process")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, os_signal.SIGUSR1)
+            time.sleep(0.5)  # the stack dump is written by the stuck process itself
+        saved = list_checkpoints(self.cfg.experiment_dir)
+        kept = f"the last checkpoint is {saved[-1].name}" if saved else "no checkpoint was written yet"
+        log.error("%s (hung?); its stack is above; stopping the run (--hang_timeout_sec); %s", description, kept)
+        process.kill()
+        Component.abandoned_inboxes.append(process.event_loop.signal_queue)
+        self.request_stop("hung: learner", exit_code=1)
 
     def _status(self) -> None:
         if not self.leads:
@@ -466,7 +484,7 @@ def run(
 
     runner_loop = EngineEventLoop("runner_evt_loop", serial_mode=cfg.sampler.serial_mode)
     task_names = tasks.task_names if tasks else None
-    hang_watch = None if cfg.sampler.serial_mode else HangWatch(cfg, buffers.splits, task_names)
+    hang_watch = None if cfg.sampler.serial_mode else HangWatch(cfg, buffers.splits, task_names, buffers.learner_clock)
     runner = Runner(runner_loop, cfg, initial_env_steps, task_names, hang_watch)
     runner_loop.start.connect(runner.on_start)
     components = build_components(

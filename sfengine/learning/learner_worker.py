@@ -10,6 +10,7 @@ starts the batcher's event loop in a thread of this process. In a multi-rank run
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -179,8 +180,9 @@ class LearnerWorker(Component):
             return
         stats: dict[str, float] = {}
         if all(rank.trainable for rank in ranks) and not self.cfg.run.benchmark:
-            on_device = batch.to(self.device) if self.device.type != "cpu" else batch
-            stats = self.trainer.train(on_device, self.version, self.env_steps)
+            with self.busy():
+                on_device = batch.to(self.device) if self.device.type != "cpu" else batch
+                stats = self.trainer.train(on_device, self.version, self.env_steps)
             self.version += 1
             self.weights.publish(self.model, self.version, self.reference)
         if isinstance(batch, GroupBatch):
@@ -246,6 +248,19 @@ class LearnerWorker(Component):
             "task_sequence": {"ranks": [*others[:rank], self._task_sequence(), *others[rank + 1 :]]},
         }
 
+    @contextlib.contextmanager
+    def busy(self):
+        """Mark an update or a save in shared memory while it runs, so the runner can tell a learner stuck in
+        one (HangWatch) from one waiting for a batch."""
+        clock = self.buffers.learner_clock
+        started = time.time()
+        clock[0] = started
+        try:
+            yield
+        finally:
+            clock[1] = max(float(clock[1]), time.time() - started)
+            clock[0] = 0.0
+
     def save(self) -> bool:
         """Write a checkpoint (rank 0); whether it was written. A failed write (disk full, no permission) is one
         line in the log and a count in the stats: the run goes on, the older checkpoints stay, the next save
@@ -253,7 +268,8 @@ class LearnerWorker(Component):
         if self.ranks.rank != 0:
             return True  # every rank holds the same weights; rank 0 writes them
         try:
-            path = save_checkpoint(self.cfg.experiment_dir, self.checkpoint_state(), self.cfg.run.keep_checkpoints)
+            with self.busy():
+                path = save_checkpoint(self.cfg.experiment_dir, self.checkpoint_state(), self.cfg.run.keep_checkpoints)
         except CheckpointSaveError as exc:
             self.failed_saves += 1
             kept = list_checkpoints(self.cfg.experiment_dir)

@@ -627,3 +627,62 @@ def test_a_hung_inference_worker_is_named_and_the_run_stops_cleanly(train_dir):
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()
+
+
+# A user script whose learner gets stuck in its fourth update (a deadlock inside the loss, a device call that never
+# returns), in the spawned learner process.
+STUCK_LEARNER_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import time
+
+    from sfengine.learning.ppo_trainer import PPOTrainer
+    from sfengine.train import main
+
+    real_train, updates = PPOTrainer.train, []
+
+
+    def train_until_stuck(self, *args, **kwargs):
+        updates.append(1)
+        while len(updates) >= 4:
+            time.sleep(1)
+        return real_train(self, *args, **kwargs)
+
+
+    PPOTrainer.train = train_until_stuck
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_a_learner_stuck_in_an_update_is_named_with_its_stack_and_the_run_stops_with_its_last_checkpoint(
+    tmp_path, train_dir
+):
+    shm_before = shm_entries()
+    script = tmp_path / "stuck_learner.py"
+    script.write_text(STUCK_LEARNER_SCRIPT)
+    args = [*FAST, "--train_for_env_steps=100000000", "--hang_timeout_sec=4", "--save_every_sec=0.5"]
+    process = start(
+        [sys.executable, str(script), *train_command(train_dir, "stuck", *args)[3:]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    children = []
+    deadline = time.time() + 60
+    while len(children) < 4 and time.time() < deadline:  # 2 rollout workers, inference, learner
+        time.sleep(0.2)
+        children = psutil.Process(process.pid).children(recursive=True)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 1, output[-3000:]
+    assert "learner has been inside one update or save for" in output, output[-3000:]
+    assert "train_until_stuck" in output  # the stuck process's own stack, all threads
+    summary = read_summary(train_dir, "stuck")
+    assert summary["stop_reason"] == "hung: learner"
+    saved = sorted((train_dir / "stuck" / "checkpoints").glob("checkpoint_*.pt"))
+    assert saved and f"the last checkpoint is {saved[-1].name}" in output
+    assert torch.load(saved[-1], weights_only=True)["policy_version"] <= 3  # written before the stuck update
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()
