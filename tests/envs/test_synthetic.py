@@ -12,16 +12,18 @@ from sfengine_envs.synthetic import SyntheticEnv
 
 @pytest.mark.parametrize("step_ms", [2.0, 5.0])
 def test_a_step_costs_the_cpu_time_asked_within_ten_percent(step_ms):
+    # Judged on the fastest of 100 steps, and CPU against wall time, so that other processes sharing the cores
+    # (a test run beside a benchmark) cannot fail it: a step the OS preempted takes longer, never shorter.
     env = SyntheticEnv(step_ms=step_ms)
     env.reset()
-    steps = 100
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(steps):
+    walls, cpu, started = [], time.process_time(), time.perf_counter()
+    for _ in range(100):
+        wall = time.perf_counter()
         env.step(0)
-    wall_ms = 1000 * (time.perf_counter() - wall) / steps
-    cpu_ms = 1000 * (time.process_time() - cpu) / steps
-    assert abs(wall_ms - step_ms) <= 0.1 * step_ms
-    assert cpu_ms >= 0.8 * step_ms  # busy work, not sleep (less only if the OS took the core away)
+        walls.append(1000 * (time.perf_counter() - wall))
+    cpu_ms, wall_ms = 1000 * (time.process_time() - cpu), 1000 * (time.perf_counter() - started)
+    assert step_ms <= min(walls) <= 1.1 * step_ms
+    assert cpu_ms >= 0.3 * wall_ms  # busy work, not sleep (a sleeping step would use next to no CPU)
 
 
 def test_vector_and_image_observations_have_the_asked_shape_and_dtype():
