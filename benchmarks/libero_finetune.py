@@ -45,7 +45,10 @@ CLONES = {"ppo": "bc_gaussian", "rloo": "bc_gaussian", "flow_sar": "bc_flow"}
 FLOW_OPTIONS = ["--policy_head=flow", "--algo=flow_sar", "--group_outcome=success"]
 # Fine-tuning steps stay small: a clone's action std is small (0.13 on LIBERO-Object), so a small change of its mean
 # is a large change of its probabilities. PPO at 1e-4 clipped 19-33% of its samples per batch after the critic's
-# warm-up, and its training success fell from 0.47 to 0 within 50k steps (2026-11-24).
+# warm-up, and its training success fell from 0.47 to 0 within 50k steps (2026-11-24). The observation statistics
+# stay the clone's: merged with the fine-tuning's own states they moved its inputs, and at 1e-5 the first batch
+# after the warm-up already had an approximate KL of 0.67 and success fell from 0.33 to 0.15.
+COMMON_OPTIONS = ["--input_statistics=frozen"]
 METHOD_OPTIONS = {
     "ppo": ["--learning_rate=1e-5", "--critic_warmup_batches=10"],
     "rloo": ["--advantage=rloo", f"--task_group_size={GROUP_SIZE}", "--learning_rate=1e-5"],
@@ -92,7 +95,7 @@ def fine_tune(args, train_dir: Path, method: str) -> dict:
         command = engine("train", f"--train_dir={train_dir}", f"--experiment={experiment}", f"--env={args.env}")
         command += [f"--init_from={CLONES[method]}", f"--train_for_env_steps={args.env_steps}", f"--seed={args.seed}"]
         command += [f"--tasks={args.tasks}"] if args.tasks else []
-        command += [*METHOD_OPTIONS[method], *(FLOW_OPTIONS if flow else []), "--report_every_sec=30"]
+        command += [*COMMON_OPTIONS, *METHOD_OPTIONS[method], *(FLOW_OPTIONS if flow else []), "--report_every_sec=30"]
         run([*command, *args.extra], train_dir / f"{experiment}.log")
     summary = json.loads(summary_path.read_text())
     steps, values = curve(train_dir / experiment)

@@ -240,6 +240,12 @@ class ModelConfig:
     hidden_sizes: list[int] = option([64, 64], "MLP encoder layer widths for vector observations")
     activation: str = option("tanh", "activation of the encoders", ("tanh", "relu", "elu"))
     normalize_input: bool = option(True, "running mean/std normalisation of vector observations")
+    input_statistics: str = option(
+        "running",
+        "the normalisation's statistics: running (merged from every training batch) or frozen (kept as they start; "
+        "use it with --init_from, so a clone's inputs keep the scale it learnt them in)",
+        ("running", "frozen"),
+    )
     continuous_log_std: str = option(
         "state_independent",
         "Gaussian head: log-std as a free parameter, or predicted from the state",

@@ -187,7 +187,9 @@ def pretrain(
     train_episodes, held_out = split_by_episode(len(demo_set.demos), options.validation_fraction, cfg.env.seed)
     train, validation = samples.of_episodes(train_episodes), samples.of_episodes(held_out)
     model = build_model(cfg, obs_spec, action_spec, None)
-    model.update_normalizers(train.obs)  # the running statistics the engine's model carries: the demonstrations'
+    model.update_normalizers(
+        train.obs, initial=True
+    )  # the running statistics the engine's model carries: the demonstrations'
     model.to(device)
     train, validation = train.to(device), validation.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=options.pretrain_learning_rate, eps=cfg.learner.adam_eps)

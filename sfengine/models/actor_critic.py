@@ -206,6 +206,7 @@ class ActorCritic(nn.Module):
         self.normalizers = nn.ModuleDict()
         if cfg.normalize_input and self.vector_keys:
             self.normalizers[self.vector_name] = RunningMeanStd(self.vector_dim)
+        self.frozen_statistics = cfg.input_statistics == "frozen"
         self.encoders, features = self._build_encoders(cfg, activation)
         # Separate: the critic's own encoders. Shared: the value head reads the policy's features.
         separate = critic and cfg.actor_critic == "separate"
@@ -316,10 +317,11 @@ class ActorCritic(nn.Module):
         return self
 
     def update_normalizers(
-        self, obs: dict[str, Tensor], sum_over_ranks: Callable[[Tensor], Tensor] | None = None
+        self, obs: dict[str, Tensor], sum_over_ranks: Callable[[Tensor], Tensor] | None = None, initial: bool = False
     ) -> None:
-        """Merge a batch's vector observations (dict of [..., dim] tensors) into the running statistics."""
-        if self.normalizers:
+        """Merge a batch's vector observations (dict of [..., dim] tensors) into the running statistics. With
+        ``--input_statistics=frozen`` only the ``initial`` ones (a clone's, set by sfengine.pretrain) are taken."""
+        if self.normalizers and (initial or not self.frozen_statistics):
             self.normalizers[self.vector_name].update(self._vector(obs), sum_over_ranks)
 
     def _vector(self, obs: dict[str, Tensor]) -> Tensor:

@@ -149,6 +149,19 @@ def test_a_step_with_a_nonfinite_loss_is_skipped_and_counted_and_the_weights_sta
     assert trainer.train(bandit_batch(), LEARNER_VERSION, env_steps=0)["nonfinite_steps"] == 0
 
 
+@pytest.mark.parametrize("statistics", ["running", "frozen"])
+def test_frozen_input_statistics_stay_as_they_start_and_running_ones_learn(statistics):
+    cfg = make_trainer().cfg
+    cfg.model.input_statistics = statistics
+    torch.manual_seed(0)
+    trainer = PPOTrainer(ActorCritic(OBS_SPEC, ACTION_SPEC, cfg.model), cfg)
+    before = {name: t.clone() for name, t in trainer.model.normalizers.state_dict().items()}
+    trainer.train(bandit_batch(), LEARNER_VERSION, env_steps=0)
+    after = trainer.model.normalizers.state_dict()
+    unchanged = all(torch.equal(before[name], after[name]) for name in before)
+    assert unchanged == (statistics == "frozen")
+
+
 def test_stats_report_every_loss_and_diagnostic_as_a_finite_number():
     stats = make_trainer().train(bandit_batch(), LEARNER_VERSION, env_steps=0)
     expected = {"loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm"}
