@@ -14,8 +14,8 @@ delta (scaled by the controller to at most 5 cm a step), a rotation delta (at mo
     release  open, then move up and wait for the success check
 
 It solves the goals ``(In obj region)`` and ``(On obj region)`` whose object can be picked from above: all of
-LIBERO-Object, and the pick-and-place tasks of the other suites (``solvable`` says which). The env must be a
-``sfengine_envs.libero_suite.LiberoSuiteEnv``.
+LIBERO-Object, and the pick-and-place tasks of the other suites (``reset`` raises ValueError for another
+goal). The env must be a ``sfengine_envs.libero_suite.LiberoSuiteEnv``.
 
 Example::
 
@@ -149,12 +149,6 @@ def pick_goal(robosuite_env) -> tuple[str, str] | None:
     if obj not in robosuite_env.obj_body_id:
         return None
     return obj, region
-
-
-def solvable(env, task: int) -> bool:
-    """Whether the demonstrator handles ``task`` of ``env``'s suite (its goal is one pick-and-place predicate)."""
-    env.reset(options={"task": task, "init_state": 0})
-    return pick_goal(env.sim.env) is not None
 
 
 class PickPlaceDemonstrator:
