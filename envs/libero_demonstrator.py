@@ -154,7 +154,9 @@ def pick_goal(robosuite_env) -> tuple[str, str] | None:
 class PickPlaceDemonstrator:
     """Phase machine that turns privileged state into OSC actions; see the module docstring."""
 
-    def __init__(self, gain: float = 12.0, yaw_gain: float = 2.0, clearance: float = 0.05):
+    def __init__(self, gain: float = 0.6, yaw_gain: float = 2.0, clearance: float = 0.05):
+        """``gain``: the share of the remaining distance (``yaw_gain``: of the remaining yaw) the controller's goal
+        moves each step, up to the controller's limit; ``clearance``: metres the carried object clears the rim by."""
         self.gain, self.yaw_gain, self.clearance = gain, yaw_gain, clearance
 
     def reset(self, env) -> None:
@@ -296,7 +298,7 @@ class PickPlaceDemonstrator:
         else:
             goal = np.array([*eef[:2], carry_z + 0.1])
         action = np.zeros(7, dtype=np.float32)
-        action[:3] = np.clip(self.gain * (goal - eef), -1.0, 1.0)
+        action[:3] = np.clip(self.gain * (goal - eef) / POSITION_STEP, -1.0, 1.0)
         action[5] = np.clip(self.yaw_gain * yaw / ROTATION_STEP, -1.0, 1.0)
         action[6] = gripper
         return action
