@@ -51,8 +51,19 @@ FLOW_OPTIONS = ["--policy_head=flow", "--algo=flow_sar", "--group_outcome=succes
 COMMON_OPTIONS = ["--input_statistics=frozen"]
 METHOD_OPTIONS = {
     "ppo": ["--learning_rate=1e-5", "--critic_warmup_batches=10"],
-    "rloo": ["--advantage=rloo", f"--task_group_size={GROUP_SIZE}", "--learning_rate=1e-5"],
-    "flow_sar": ["--cfg=flow_sar", f"--task_group_size={GROUP_SIZE}", "--learning_rate=3e-5"],
+    # A training batch holds whole groups: 8 episodes of up to 280 steps need 4 minibatches of 1024.
+    "rloo": [
+        "--advantage=rloo",
+        f"--task_group_size={GROUP_SIZE}",
+        "--num_batches_per_epoch=4",
+        "--learning_rate=1e-5",
+    ],
+    "flow_sar": [
+        "--cfg=flow_sar",
+        f"--task_group_size={GROUP_SIZE}",
+        "--num_batches_per_epoch=4",
+        "--learning_rate=3e-5",
+    ],
 }
 COLORS = {"clone": "tab:gray", "ppo": "tab:blue", "rloo": "tab:orange", "flow_sar": "tab:green"}
 
