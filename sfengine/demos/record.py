@@ -44,6 +44,7 @@ from sfengine.config import (
 )
 from sfengine.demos.dataset import Demo, DemoWriter, read_demos
 from sfengine.env_registry import env_context, env_demonstrator, env_sizer, resolve_env_factory
+from sfengine.event_loop import die_with_parent
 from sfengine.multitask import TaskInfo
 from sfengine.sizing import Machine, resolve_auto_options
 from sfengine.spaces import obs_as_dict
@@ -130,6 +131,7 @@ _env = None  # the pool process's env and demonstrator, built once by _start_pro
 
 def _start_process(cfg: Config) -> None:
     global _env, _demonstrator
+    die_with_parent()  # a recording stopped by a signal or killed must not leave its pool behind
     _env = resolve_env_factory(cfg.env.env)(env_context(cfg, -1, 0, cfg.env.seed))
     _demonstrator = env_demonstrator(cfg.env.env)()
 
