@@ -128,8 +128,12 @@ def markdown(table: dict) -> str:
     lines = [
         f"LIBERO fine-tuning on {table['env']} (tasks {table['tasks'] or 'all'}), {table['machine']}, {table['date']}",
         f"demonstrations: {table['demos']}; each method fine-tuned for {table['env_steps']:,} env steps",
-        f"success: sfengine.evaluate with {table['eval_mode']} actions, every init state of the tasks "
-        f"(the first {table['eval_init_states']})",
+        f"success: sfengine.evaluate with {table['eval_mode']} actions on "
+        + (
+            "every init state of each task"
+            if table["eval_init_states"] == "all"
+            else f"the first {table['eval_init_states']} init states of each task"
+        ),
         "",
         "| policy | success before | success after | change | env steps | wall time (s) |",
         "|---|---|---|---|---|---|",
@@ -181,7 +185,7 @@ def plot(table: dict, path: Path) -> None:
     curves.set_xlabel("env steps")
     curves.set_ylabel("training success rate (sampled)")
     curves.legend(fontsize=8)
-    figure.suptitle(f"{table['env']}: clones of {table['demos']} and RL fine-tuning ({table['machine']})")
+    figure.suptitle(f"{table['env']} tasks {table['tasks'] or 'all'}: clones and RL fine-tuning ({table['machine']})")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
@@ -233,8 +237,8 @@ def main() -> None:
     table = {
         "env": args.env,
         "tasks": args.tasks,
-        "demos": f"{args.demos_per_task} demos per task (action noise {args.demo_action_noise}), "
-        f"demonstrator success {demo_report['success_rate']:.2f}",
+        "demos": f"{args.demos_per_task} demos per task (action noise {args.demo_action_noise}; the noisy "
+        f"demonstrator succeeded in {demo_report['success_rate']:.0%} of its episodes)",
         "demonstrator": demo_report,
         "env_steps": args.env_steps,
         "eval_init_states": args.eval_init_states or "all",
