@@ -356,6 +356,7 @@ class Runner(Component):
         tmp.write_text(json.dumps(summary, indent=2))
         os.replace(tmp, path)
         if self.writer is not None:
+            self._status()  # the learner's statistics since the last status, or a run shorter than one has none
             self.writer.close()
         return summary
 

@@ -629,8 +629,8 @@ def test_a_hung_inference_worker_is_named_and_the_run_stops_cleanly(train_dir):
     assert leaked_shm(shm_before) == set()
 
 
-# A user script whose learner gets stuck in its fourth update (a deadlock inside the loss, a device call that never
-# returns), in the spawned learner process.
+# A user script whose learner gets stuck in an update (a deadlock inside the loss, a device call that never returns),
+# in the spawned learner process.
 STUCK_LEARNER_SCRIPT = textwrap.dedent(
     """
     import sys
@@ -643,9 +643,12 @@ STUCK_LEARNER_SCRIPT = textwrap.dedent(
 
 
     def train_until_stuck(self, *args, **kwargs):
-        updates.append(1)
-        while len(updates) >= 4:
-            time.sleep(1)
+        # Stuck in the first update that starts 3 s after the first one: by then a checkpoint was saved.
+        updates.append(time.time())
+        if len(updates) > 1 and updates[-1] - updates[0] > 3:
+            print(f"stuck in update {len(updates)}", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(1)
         return real_train(self, *args, **kwargs)
 
 
@@ -682,7 +685,8 @@ def test_a_learner_stuck_in_an_update_is_named_with_its_stack_and_the_run_stops_
     assert summary["stop_reason"] == "hung: learner"
     saved = sorted((train_dir / "stuck" / "checkpoints").glob("checkpoint_*.pt"))
     assert saved and f"the last checkpoint is {saved[-1].name}" in output
-    assert torch.load(saved[-1], weights_only=True)["policy_version"] <= 3  # written before the stuck update
+    stuck_in = int(re.search(r"stuck in update (\d+)", output).group(1))
+    assert torch.load(saved[-1], weights_only=True)["policy_version"] < stuck_in  # written before it got stuck
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()
