@@ -200,9 +200,9 @@ def _play_episode(obs, noise: float, rng: np.random.Generator, task: int, init_s
     )
 
 
-def _run_job(args) -> tuple[TaskReport, str]:
+def _run_job(args) -> TaskReport:
     job, multitask, noise, shard, env_name, obs_mode = args
-    return _record_job(job, multitask, noise, Path(shard), env_name, obs_mode), shard
+    return _record_job(job, multitask, noise, Path(shard), env_name, obs_mode)
 
 
 def obs_mode_of(cfg: Config) -> str:
@@ -236,7 +236,7 @@ def record(cfg: Config, options: DemosOptions) -> tuple[Path | None, list[TaskRe
         ]
         context = multiprocessing.get_context("spawn")
         with context.Pool(min(processes, len(jobs)), initializer=_start_process, initargs=(cfg,)) as pool:
-            for report, _ in pool.imap_unordered(_run_job, args):
+            for report in pool.imap_unordered(_run_job, args):
                 reports.append(report)
                 print(_report_line(report), flush=True)
         reports.sort(key=lambda r: r.task)
