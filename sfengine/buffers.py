@@ -146,6 +146,12 @@ class SplitState:
     final_values: Tensor
     stepping_env: Tensor  # int64 [rows]: the env of the split inside step/reset now, -1 none (for HangWatch)
     assignments: Tensor  # int64 [rows, envs_per_split, 2]: each env's (task, init state), -1 single-task
+    # int64 [rows, envs_per_split]: each env's episode position in the task sequence, -1 none. With
+    # ``assignments``, what a respawn hands out again when the worker dies (sfengine.respawn).
+    positions: Tensor
+    # int64 [rows]: the number of the split's latest inference request. Outputs echo it, and a worker ignores
+    # outputs of any other request: those answer a request made before a respawn, or one sent twice.
+    requests: Tensor
 
     @classmethod
     def allocate(cls, num_splits_total: int, envs_per_split: int, obs_spec: ObsSpec) -> SplitState:
@@ -157,6 +163,8 @@ class SplitState:
             final_values=shared_zeros(rows, torch.float32),
             stepping_env=shared_zeros((num_splits_total,), torch.int64).fill_(NO_ENV),
             assignments=shared_zeros((*rows, 2), torch.int64).fill_(-1),
+            positions=shared_zeros(rows, torch.int64).fill_(-1),
+            requests=shared_zeros((num_splits_total,), torch.int64),
         )
 
 
@@ -170,6 +178,10 @@ class SharedBuffers:
     # float64 [2]: the wall time the learner's current update or save began (0: idle), and its longest one so
     # far in seconds (for HangWatch)
     learner_clock: Tensor
+    # int64 [num_buffers, 2]: how often each buffer was handed to the batcher by its worker, and how often the
+    # batcher gave it back. A buffer is out while they differ; a respawned worker starts from this (see
+    # RolloutWorker.on_buffers_released).
+    lends: Tensor
 
     @classmethod
     def allocate(
@@ -188,7 +200,8 @@ class SharedBuffers:
         splits = SplitState.allocate(
             cfg.sampler.num_workers * cfg.sampler.worker_num_splits, cfg.envs_per_split, obs_spec
         )
-        return cls(trajectories, splits, per_worker, shared_zeros((2,), torch.float64))
+        lends = shared_zeros((per_worker * cfg.sampler.num_workers, 2), torch.int64)
+        return cls(trajectories, splits, per_worker, shared_zeros((2,), torch.float64), lends)
 
     def owner_of(self, buffer_id: int) -> int:
         return buffer_id // self.buffers_per_worker

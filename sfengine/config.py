@@ -296,7 +296,18 @@ class RunConfig:
     keep_checkpoints: int = option(3, "newest checkpoints kept")
     report_every_sec: float = option(5.0, "seconds between status lines")
     hang_timeout_sec: float = option(
-        120.0, "a rollout or inference worker silent this long is hung: print its stack and stop the run (0: off)"
+        120.0, "a rollout or inference worker silent this long is hung: print its stack and respawn it (0: off)"
+    )
+    max_respawns: int = option(
+        3,
+        "respawns of one rollout or inference worker allowed within --respawn_window_sec; one more stops the run "
+        "(0: a dead or hung worker stops the run)",
+    )
+    respawn_window_sec: float = option(3600.0, "the window --max_respawns counts in")
+    chaos_kill_every_sec: float = option(
+        0.0,
+        "fault injection: SIGKILL a random rollout or inference worker this often, to check that a run "
+        "survives it (respawns it causes do not count towards --max_respawns; 0: off)",
     )
     stats_window: int = option(100, "episodes averaged for the return, length and success statistics")
     benchmark: bool = option(False, "sampling only: collect and discard trajectories, no training")
@@ -742,7 +753,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--hidden_sizes={cfg.model.hidden_sizes}: give positive layer widths, e.g. 64,64")
     if run.train_for_env_steps < 1:
         raise ConfigError(f"--train_for_env_steps={run.train_for_env_steps} must be at least 1")
-    for name in ("train_for_seconds", "save_every_sec", "report_every_sec", "hang_timeout_sec"):
+    for name in (
+        "train_for_seconds",
+        "save_every_sec",
+        "report_every_sec",
+        "hang_timeout_sec",
+        "max_respawns",
+        "respawn_window_sec",
+        "chaos_kill_every_sec",
+    ):
         if getattr(run, name) < 0:
             raise ConfigError(f"--{name}={getattr(run, name)} must not be negative")
     if run.keep_checkpoints < 1 or run.stats_window < 1:

@@ -67,11 +67,19 @@ class EngineProcess(EventLoopProcess):
     coordinates shutdown, so a Ctrl-C or SIGTERM must reach only the runner (see ``ignore_interrupts``)."""
 
     def __init__(self, name: str, mp_context: multiprocessing.context.BaseContext):
+        self.mp_context = mp_context
         self._process = mp_context.Process(target=self._target, name=name, daemon=False)
         self._init_func = None
         self._args, self._kwargs = (), {}
         self.event_loop = EngineEventLoop(f"{name}_evt_loop")
         EventLoopObject.__init__(self, self.event_loop, name)
+
+    def respawn(self) -> None:
+        """Start a fresh process in place of this one, which has ended: the same components, built anew from the
+        runner's copies of them (never started there), on the same event loop and inbox, so every connection made
+        before the first start still reaches it (see sfengine.respawn)."""
+        self._process = self.mp_context.Process(target=self._target, name=self.name, daemon=False)
+        self.start()
 
     def _target(self):
         die_with_parent()

@@ -1,12 +1,13 @@
 """Hung components: a rollout or inference worker that stops reporting, or a learner stuck inside one update or
-save, is named, its stack printed, and the run ends.
+save, is named and its stack printed; a worker is then respawned (sfengine.respawn), a stuck learner ends the run.
 
 Every rollout and inference worker reports once a second from its event loop. One stuck inside a slot (an env
 whose ``step`` never returns, a simulator deadlock, a blocked device call) stops reporting, and without a watch
 the run would sit there, every other component waiting on it, forever. The runner asks ``HangWatch`` each tick:
 
     worker reports  --heard_from(name)-->  HangWatch  --hung()-->  runner: SIGUSR1 to the process (its stack goes
-                                                                    to stderr), error line, stop with exit code 1
+                                                                    to stderr), error line, respawn (or stop with
+                                                                    exit code 1 past --max_respawns)
 
 A rollout worker writes, in shared memory, which env it is stepping and each env's (task, init state), so the
 error names the env even though the hung process can no longer say anything itself. Start-up is not watched
@@ -47,6 +48,10 @@ class HangWatch:
     def heard_from(self, component: str) -> None:
         self.last_heard[component] = time.monotonic()
 
+    def forget(self, component: str) -> None:
+        """A respawned component is watched again from its first report, as at the start."""
+        self.last_heard.pop(component, None)
+
     def hung(self) -> str | None:
         """The first watched component silent for longer than the timeout, or None."""
         if not self.timeout:
@@ -59,9 +64,13 @@ class HangWatch:
         ``--hang_timeout_sec`` or ``LEARNER_TIMEOUT_FACTOR`` times its longest so far, whichever is longer (a first
         update that compiles, or a large model's save, may take a while). A learner waiting for a batch is not
         hung: the rollout side is watched for that."""
-        if not self.timeout or self.learner_clock is None or not float(self.learner_clock[0]):
+        if not self.timeout or self.learner_clock is None:
             return None
-        busy, longest = time.time() - float(self.learner_clock[0]), float(self.learner_clock[1])
+        # One read: the learner may end its update between two, and a second read of 0 would look like decades.
+        started, longest = (float(v) for v in self.learner_clock.tolist())
+        if not started:
+            return None
+        busy = time.time() - started
         timeout = max(self.timeout, LEARNER_TIMEOUT_FACTOR * longest)
         if busy <= timeout:
             return None

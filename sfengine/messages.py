@@ -10,12 +10,27 @@ class InferenceRequest(NamedTuple):
 
     split_row: int
     needs_final_values: bool  # some env truncated: also evaluate V(final_obs) for the bootstrap
+    request: int = 0  # the split's request number (SplitState.requests), echoed with the outputs
+
+
+class PolicyOutputs(NamedTuple):
+    """inference worker -> rollout worker: the outputs of request ``request`` of split ``split`` are written."""
+
+    split: int  # the split's index in its worker
+    request: int
 
 
 class TrajectoriesReady(NamedTuple):
     """rollout worker -> batcher: these buffers hold complete rollouts."""
 
     buffer_ids: tuple[int, ...]
+
+
+class BuffersReleased(NamedTuple):
+    """batcher -> the owning rollout worker: these buffers are free again."""
+
+    buffer_ids: tuple[int, ...]
+    lends: tuple[int, ...]  # each buffer's lend count (SharedBuffers.lends) when it was handed over
 
 
 class EpisodeStats(NamedTuple):

@@ -43,6 +43,7 @@ from sfengine.messages import EvalResult, EvaluatorReport, InferenceReport, Lear
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo, selected_init_states
 from sfengine.progress import end_summary, progress
+from sfengine.respawn import InboxLockHeld, Respawner
 from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine.spaces import ActionSpec, ObsSpec
 from sfengine.stats import FPS_WINDOWS, RunStats
@@ -81,6 +82,10 @@ def connect_components(runner: Runner, c: Components, num_inference_workers: int
     c.learner.report.connect(runner.on_learner_report)
     runner.rank_episodes.connect(c.learner.on_rank_episodes)
     runner.stop_requested.connect(c.learner.on_stop_requested)
+    for worker in c.workers:
+        runner.inference_respawned.connect(worker.on_inference_respawned)
+    if isinstance(c.batcher, GroupBatcher):
+        runner.episodes_dropped.connect(c.batcher.on_episodes_dropped)
     components = [*c.workers, *c.inference_workers, c.learner]
     if c.evaluator is not None:
         runner.evaluate.connect(c.evaluator.on_evaluate)
@@ -117,10 +122,12 @@ class Runner(Component):
         initial_env_steps: int,
         task_names: list[str] | None = None,
         hang_watch: HangWatch | None = None,
+        respawner: Respawner | None = None,
     ):
         super().__init__(event_loop, "runner")
         self.cfg = cfg
         self.hang_watch = hang_watch  # multi-process mode: workers that stop reporting
+        self.respawner = respawner  # multi-process mode: dead or hung workers replaced
         self.stats = RunStats(cfg.run.stats_window, initial_env_steps, task_names)
         self.processes: list[EngineProcess] = []
         self.stop_reason: str | None = None
@@ -147,6 +154,12 @@ class Runner(Component):
     @signal
     def evaluate(self): ...
 
+    @signal
+    def inference_respawned(self): ...
+
+    @signal
+    def episodes_dropped(self): ...
+
     def on_start(self) -> None:
         if self.leads:
             self.writer = SummaryWriter(str(self.cfg.experiment_dir / "tensorboard"), flush_secs=10)
@@ -156,6 +169,8 @@ class Runner(Component):
     def on_worker_report(self, report: WorkerReport) -> None:
         if self.hang_watch is not None:
             self.hang_watch.heard_from(f"rollout_worker_{report.worker}")
+        if self.respawner is not None:
+            self.respawner.heard_from(f"rollout_worker_{report.worker}")
         self.stats.add_worker_report(report)
         if not self.leads and report.episodes:
             self.rank_episodes.emit(report.episodes)  # for rank 0's statistics, through the learners
@@ -163,6 +178,8 @@ class Runner(Component):
     def on_inference_report(self, report: InferenceReport) -> None:
         if self.hang_watch is not None:
             self.hang_watch.heard_from(f"inference_worker_{report.worker}")
+        if self.respawner is not None:
+            self.respawner.heard_from(f"inference_worker_{report.worker}")
         self.stats.add_inference_report(report)
 
     def on_learner_report(self, report: LearnerReport) -> None:
@@ -239,11 +256,11 @@ class Runner(Component):
             elif self.interrupts:
                 self._stop_every_rank("interrupted by a signal")
             else:
+                if self.respawner is not None:
+                    self.respawner.chaos_victim(self.processes)
                 dead = [p for p in self.processes if not p.is_alive()]
                 if dead:
-                    names = ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead)
-                    log.error("a component process died: %s; stopping the run", names)
-                    self.request_stop(f"process died: {names}", exit_code=1)
+                    self._dead(dead)
                 elif self.hang_watch is not None and (hung := self.hang_watch.hung()):
                     self._stop_hung(hung)
                 elif self.hang_watch is not None and (stuck := self.hang_watch.learner_hung()):
@@ -258,17 +275,62 @@ class Runner(Component):
             terminate_processes(self.processes)
             self.event_loop.stop()
 
+    def _dead(self, dead: list[EngineProcess]) -> None:
+        """Respawn dead rollout and inference workers; any other death, or one past --max_respawns, stops the run."""
+        for process in dead:
+            component = process.name.removesuffix("_process")
+            refusal = self._respawn_refusal(component)
+            if refusal is None:
+                log.error("%s died (exit code %s); respawning it", component, process.exitcode)
+                self._respawn(process)
+                continue
+            log.error(
+                "a component process died: %s (exit code %s); %s; stopping the run",
+                process.name,
+                process.exitcode,
+                refusal,
+            )
+            self.request_stop(f"process died: {process.name} (exit code {process.exitcode})", exit_code=1)
+            return
+
+    def _respawn_refusal(self, component: str) -> str | None:
+        """Why ``component`` is not respawned, or None if it is."""
+        if not component.startswith(("rollout_worker_", "inference_worker_")):
+            return "only rollout and inference workers are respawned"
+        if self.respawner is None:
+            return "respawning needs worker processes"
+        return self.respawner.refusal(component)
+
+    def _respawn(self, process: EngineProcess) -> None:
+        component = process.name.removesuffix("_process")
+        self.hang_watch.forget(component)
+        try:
+            positions = self.respawner.respawn(process, self.processes)
+        except InboxLockHeld as error:
+            log.error("%s cannot be respawned: %s; stopping the run", component, error)
+            self.request_stop(f"respawn failed: {component}", exit_code=1)
+            return
+        if positions:
+            self.episodes_dropped.emit(tuple(positions))
+        if component.startswith("inference_worker_"):
+            self.inference_respawned.emit(int(component.rsplit("_", 1)[1]))
+
     def _stop_hung(self, component: str) -> None:
-        """Print the hung component's stack (SIGUSR1, see EngineProcess) and what it was doing, end it, and stop
-        the run: the others save a checkpoint and exit as usual."""
+        """Print the hung component's stack (SIGUSR1, see EngineProcess) and what it was doing, then respawn it;
+        past --max_respawns, end it and stop the run: the others save a checkpoint and exit as usual."""
         process = next(p for p in self.processes if p.name == f"{component}_process")
         description = self.hang_watch.describe(component)
         try:
             os.kill(process.pid, os_signal.SIGUSR1)
             time.sleep(0.5)  # the stack dump is written by the hung process itself
         except ProcessLookupError:
-            pass  # it died meanwhile: nothing to print, the stop below still applies
-        log.error("%s (hung?); its stack is above; stopping the run (--hang_timeout_sec)", description)
+            pass  # it died meanwhile: nothing to print, the respawn or stop below still applies
+        refusal = self._respawn_refusal(component)
+        if refusal is None:
+            log.error("%s (hung?); its stack is above; respawning it (--hang_timeout_sec)", description)
+            self._respawn(process)
+            return
+        log.error("%s (hung?); its stack is above; %s; stopping the run (--hang_timeout_sec)", description, refusal)
         ended = [process]
         if component.startswith("inference_worker"):
             # A process stopped or killed inside a queue operation holds that queue's lock for good (the queues'
@@ -313,6 +375,7 @@ class Runner(Component):
             + (f"  success {summary['success_rate']:.2f}" if "success_rate" in summary else "")
             + f"  lag {learner.get('policy_lag_mean', float('nan')):.1f}"
             + (f"  env failures {stats.env_failures}" if stats.env_failures else "")
+            + (f"  respawns {self.respawner.stats.total}" if self.respawner and self.respawner.stats.total else "")
             + "".join(
                 f"  env {name.removeprefix('env_').removesuffix('_ms')} {value:{'.1f' if value >= 1 else '.3g'}} ms"
                 for name, value in env_cost.items()
@@ -342,11 +405,18 @@ class Runner(Component):
             self.writer.add_scalar(f"train/{name}", value, step)
         for name, value in summary.get("per_task_success", {}).items():
             self.writer.add_scalar(f"tasks/{name}/success", value, step)
+        if self.respawner is not None:
+            respawns = self.respawner.stats
+            self.writer.add_scalar("failures/respawns", respawns.total, step)
+            self.writer.add_scalar("failures/respawn_dropped_trajectories", respawns.dropped_trajectories, step)
+            self.writer.add_scalar("failures/respawn_seconds_lost", respawns.seconds_lost, step)
 
     def finish(self) -> dict:
         """Write summary.json (rank 0) and close TensorBoard; called once the loop has exited."""
         summary = self.stats.summary()
         summary.update(stop_reason=self.stop_reason, exit_code=self.exit_code, world_size=self.ranks.world_size)
+        if self.respawner is not None:
+            summary.update(self.respawner.stats.as_dict())
         if self.evaluations:
             summary["eval"] = self.evaluations
         if not self.leads:
@@ -503,6 +573,10 @@ def run(
     )
     connect_components(runner, components, cfg.sampler.num_inference_workers)
     runner.processes = components.processes
+    if not cfg.sampler.serial_mode:
+        inboxes = [p.event_loop.signal_queue for p in components.processes]
+        inboxes += [runner_loop.signal_queue, components.batcher.event_loop.signal_queue]
+        runner.respawner = Respawner(cfg, buffers, task_sequence, inboxes)
 
     run_until_stopped(runner, runner_loop, components.processes)
     summary = runner.finish()
@@ -539,6 +613,7 @@ def build_task_sequence(cfg: Config, tasks: TaskInfo | None, resume_state: dict 
         curriculum=cfg.env.task_sampling == "curriculum",
         window=cfg.env.curriculum_window,
         seed=cfg.env.seed * 7919 + ranks.rank,
+        envs=cfg.sampler.num_workers * cfg.sampler.num_envs_per_worker,
     )
     saved = resumed_task_sequence(resume_state, ranks)
     if saved is not None:

@@ -13,8 +13,11 @@ So after ``k`` cycles of the schedule have been handed out on a rank, every pair
 episodes + 1), and the init state comes from that task's circular cursor, so within each task every init state
 is still used once before any is reused. Rollout workers record each episode's outcome here.
 
-The state (position, cursors, recent outcomes) is saved in checkpoints, and a resumed run continues it. A draw
-costs one uncontended lock, once per episode.
+An episode cut short by the death of its rollout worker is handed out again (``hand_out_again``): the next draws
+return it, with its position, before the sequence moves on (see sfengine.respawn).
+
+The state (position, cursors, recent outcomes, episodes to hand out again) is saved in checkpoints, and a resumed
+run continues it. A draw costs one uncontended lock, once per episode.
 """
 
 from __future__ import annotations
@@ -51,13 +54,19 @@ class SharedTaskSequence:
     outcome_slots: Tensor | None = None  # curriculum: int64 [tasks], the next slot of each task's window
     last: Tensor | None = None  # curriculum: int64 [2], the last assignment, repeated for a group of size G
     seed: int = 0
+    # int64 [capacity, 3]: (task, init state, position) of episodes to hand out again, the first ``replay_count``
+    replays: Tensor | None = None
+    replay_count: Tensor | None = None  # int64 [1]
 
     @classmethod
     def allocate(
-        cls, schedule: TaskSchedule, curriculum: bool = False, window: int = 20, seed: int = 0
+        cls, schedule: TaskSchedule, curriculum: bool = False, window: int = 20, seed: int = 0, envs: int = 64
     ) -> SharedTaskSequence:
+        """``envs``: the envs drawing from it, the most episodes that can be waiting to be handed out again."""
         num_tasks = len(schedule.tasks)
         sequence = cls(schedule, torch.zeros(1, dtype=torch.int64).share_memory_(), ProcessLock(), curriculum)
+        sequence.replays = torch.zeros((envs, 3), dtype=torch.int64).share_memory_()
+        sequence.replay_count = torch.zeros(1, dtype=torch.int64).share_memory_()
         if curriculum:
             sequence.init_cursors = torch.zeros(num_tasks, dtype=torch.int64).share_memory_()
             sequence.outcomes = torch.full((num_tasks, window), NO_OUTCOME, dtype=torch.int8).share_memory_()
@@ -73,9 +82,24 @@ class SharedTaskSequence:
         """The next assignment and its position in the sequence: positions ``g*G .. g*G + G - 1`` are group ``g``,
         G episodes of one (task, init state)."""
         with self.lock:
+            if int(self.replay_count[0]):
+                self.replay_count[0] -= 1
+                task, init_state, position = self.replays[int(self.replay_count[0])].tolist()
+                return Assignment(task, init_state), position
             position = int(self.position[0])
             self.position[0] = position + 1
             return self._assignment_at(position), position
+
+    def hand_out_again(self, episodes: list[tuple[int, int, int]]) -> None:
+        """Episodes (task, init state, position) that were cut short: the next draws return them before any new
+        position, so every position is still played to its end once."""
+        with self.lock:
+            count = int(self.replay_count[0])
+            if count + len(episodes) > len(self.replays):
+                raise RuntimeError(f"{count + len(episodes)} episodes to hand out again, room for {len(self.replays)}")
+            if episodes:
+                self.replays[count : count + len(episodes)] = torch.tensor(episodes, dtype=torch.int64)
+            self.replay_count[0] = count + len(episodes)
 
     def _assignment_at(self, position: int) -> Assignment:
         """The assignment at ``position``; called under the lock."""
@@ -108,6 +132,7 @@ class SharedTaskSequence:
     def state_dict(self) -> dict:
         with self.lock:
             state = {"position": int(self.position[0])}
+            state["replays"] = self.replays[: int(self.replay_count[0])].tolist()
             if self.curriculum:
                 for name in ("init_cursors", "outcomes", "outcome_slots", "last"):
                     state[name] = getattr(self, name).tolist()
@@ -116,6 +141,10 @@ class SharedTaskSequence:
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved state; curriculum fields whose shape no longer fits start afresh."""
         self.position[0] = int(state["position"])
+        replays = state.get("replays", [])[: len(self.replays)]
+        self.replay_count[0] = len(replays)
+        if replays:
+            self.replays[: len(replays)] = torch.tensor(replays, dtype=torch.int64)
         if not self.curriculum:
             return
         for name in ("init_cursors", "outcomes", "outcome_slots", "last"):

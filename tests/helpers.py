@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
+
+import psutil
 
 from sfengine.config import Config
 from sfengine.env_registry import env_context, resolve_env_factory
 from sfengine.scheduler import Assignment
+
+FAST = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=4", "--worker_num_splits=2"]
+STARTED: list[subprocess.Popen] = []  # runs started in the background by the current test (see conftest.py)
 
 
 def make_env(env_name: str, **options):
@@ -134,3 +141,56 @@ def leaked_shm(before: set[str]) -> set[str]:
         except OSError:
             pass
     return {e for e in shm_entries() - before if f"/dev/shm/{e}" not in mapped}
+
+
+def start(command: list[str], **popen) -> subprocess.Popen:
+    """Start a run in the background; it is killed with its workers if the test ends first."""
+    STARTED.append(subprocess.Popen(command, text=True, **popen))
+    return STARTED[-1]
+
+
+def kill_started_runs() -> None:
+    while STARTED:
+        process = STARTED.pop()
+        try:
+            tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for member in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+        psutil.wait_procs(tree, timeout=10)
+
+
+def wait_for_training(process: subprocess.Popen, timeout: float = 120) -> None:
+    """Read status lines until the learner has consumed env steps."""
+    deadline = time.time() + timeout
+    for line in process.stdout:
+        if "steps" in line and "FPS" in line and line.split("steps")[1].split()[0].replace(",", "") != "0":
+            return
+        assert time.time() < deadline, "training made no progress"
+    raise AssertionError(f"the run ended early with code {process.wait()}")
+
+
+def start_long_training(train_dir, experiment: str, *args: str, **popen) -> subprocess.Popen:
+    """Start a run that would go on for a long time, and return once the learner has trained."""
+    process = start(
+        train_command(train_dir, experiment, *FAST, "--train_for_env_steps=100000000", *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **popen,
+    )
+    wait_for_training(process)
+    return process
+
+
+def component(process: subprocess.Popen, name: str) -> psutil.Process:
+    """The run's component process shown as ``name`` (sfe-rollout-1, sfe-inference-0, sfe-learner)."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        for child in psutil.Process(process.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if child.name() == name:
+                    return child
+        time.sleep(0.2)
+    raise AssertionError(f"no component process {name}")

@@ -105,3 +105,18 @@ def test_curriculum_state_resumes_the_same_sequence():
     second = SharedTaskSequence.allocate(schedule, curriculum=True, window=4, seed=3)
     second.load_state_dict(first.state_dict())
     assert [second.next() for _ in range(20)] == [first.next() for _ in range(20)]
+
+
+def test_episodes_handed_out_again_come_first_with_their_positions_and_survive_a_checkpoint():
+    schedule = TaskSchedule(shard_pairs([4, 4], rank=0, world_size=1), group_size=2)
+    sequence = SharedTaskSequence.allocate(schedule, envs=4)
+    drawn = [sequence.next_with_position() for _ in range(5)]
+    cut = [(a.task, a.init_state, position) for a, position in drawn[1:3]]  # a dead worker's two episodes
+    sequence.hand_out_again(cut)
+    saved = sequence.state_dict()
+    resumed = SharedTaskSequence.allocate(schedule, envs=4)
+    resumed.load_state_dict(saved)
+    for seq in (sequence, resumed):
+        replayed = [seq.next_with_position() for _ in range(2)]
+        assert sorted((a.task, a.init_state, p) for a, p in replayed) == sorted(cut)
+        assert seq.next_with_position() == (schedule.at(5), 5)  # then the sequence goes on where it was

@@ -1,7 +1,7 @@
 """Inference worker: one forward pass for every request that arrived together.
 
     InferenceRequest(split_row) x k --> gather obs[buffer_ids, t] of the k splits --> policy --> write
-    actions, log-probs, values, policy version at [buffer_ids, t] --> policy_outputs_<worker>(split)
+    actions, log-probs, values, policy version at [buffer_ids, t] --> policy_outputs_<worker>(split, request number)
 
 Requests carry only the split row; buffer ids and the step come from the shared SplitState. Before each batch
 the worker checks the shared policy version and pulls new weights when the learner has published some.
@@ -22,7 +22,7 @@ from sfengine.buffers import ANNOTATION_FIELDS, POLICY_FIELDS, SharedBuffers, Sh
 from sfengine.config import Config
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.inference.numpy_policy import NumpyPolicy, choose_inference_backend
-from sfengine.messages import InferenceReport, InferenceRequest
+from sfengine.messages import InferenceReport, InferenceRequest, PolicyOutputs
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
 
@@ -107,10 +107,10 @@ class InferenceWorker(Component):
         else:
             self._act_torch(flat_np, truncated_rows)
         self.flat_outputs_np["versions"][flat_np] = self.version
-        ready_by_worker: dict[int, list[tuple[int]]] = {}
+        ready_by_worker: dict[int, list[tuple[PolicyOutputs]]] = {}
         for request in requests:
             worker, split = divmod(request.split_row, self.splits_per_worker)
-            ready_by_worker.setdefault(worker, []).append((split,))
+            ready_by_worker.setdefault(worker, []).append((PolicyOutputs(split, request.request),))
         for worker, splits_ready in ready_by_worker.items():
             self.emit_many(policy_outputs_signal(worker), splits_ready)
         self.busy_sec += time.perf_counter() - started

@@ -18,11 +18,24 @@ from signal_slot.signal_slot import signal
 
 from sfengine.buffers import SharedBuffers, TrajectoryBuffers
 from sfengine.event_loop import Component
-from sfengine.messages import TrajectoriesReady
+from sfengine.messages import BuffersReleased, TrajectoriesReady
 
 
 def buffers_released_signal(worker: int) -> str:
     return f"buffers_released_{worker}"
+
+
+def release_buffers(batcher: Component, buffers: SharedBuffers, buffer_ids: list[int]) -> None:
+    """Give buffers back to their owning rollout workers, each with its lend count: the count is marked returned
+    in shared memory first, so a worker respawned meanwhile finds it free and ignores this message."""
+    lends = buffers.lends.numpy()  # a view made in this process (one made before the spawn would be a copy)
+    by_owner: dict[int, list[int]] = {}
+    for buffer_id in buffer_ids:
+        by_owner.setdefault(buffers.owner_of(buffer_id), []).append(buffer_id)
+    for owner, owned in by_owner.items():
+        counts = tuple(int(n) for n in lends[owned, 0])
+        lends[owned, 1] = counts
+        batcher.emit(buffers_released_signal(owner), BuffersReleased(tuple(owned), counts))
 
 
 class Batcher(Component):
@@ -57,10 +70,6 @@ class Batcher(Component):
             slot = self.free_slots.popleft()
             ids = [self.pending.popleft() for _ in range(self.trajectories_per_batch)]
             self.batch_slots[slot].copy_rows_(self.buffers.trajectories, torch.tensor(ids))
-            by_owner: dict[int, list[int]] = {}
-            for buffer_id in ids:
-                by_owner.setdefault(self.buffers.owner_of(buffer_id), []).append(buffer_id)
-            for owner, owned in by_owner.items():
-                self.emit(buffers_released_signal(owner), tuple(owned))
+            release_buffers(self, self.buffers, ids)
             self.busy_sec += time.perf_counter() - started
             self.training_batch_ready.emit(slot)

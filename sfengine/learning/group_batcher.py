@@ -31,7 +31,7 @@ from torch import Tensor
 
 from sfengine.buffers import ANNOTATION_FIELDS, SharedBuffers
 from sfengine.event_loop import Component
-from sfengine.learning.batcher import buffers_released_signal
+from sfengine.learning.batcher import release_buffers
 from sfengine.messages import TrajectoriesReady
 from sfengine.spaces import ActionSpec, ObsSpec
 
@@ -185,6 +185,25 @@ class GroupBatcher(Component):
         self.free_slots.append(slot)
         self._assemble()
 
+    def on_episodes_dropped(self, positions: tuple[int, ...]) -> None:
+        """Episodes a dead rollout worker was playing (sfengine.respawn): the steps of theirs filed so far are
+        discarded, and each member waits for its replay, which the task sequence hands out at the same position."""
+        flat_chunk_steps = self.chunk_steps_np.reshape(-1)
+        for position in positions:
+            group, member = divmod(int(position), self.group_size)
+            pending = self.pending.get(group)
+            if pending is None or member in pending.outcomes:
+                continue  # nothing of it arrived, or it ended before the worker died
+            kept_steps, kept_members, dropped = [], [], []
+            for steps, members in zip(pending.steps, pending.members):
+                mine = members == member
+                dropped.append(steps[mine])
+                kept_steps.append(steps[~mine])
+                kept_members.append(members[~mine])
+            pending.steps, pending.members = kept_steps, kept_members
+            pending.env_steps -= int(sum(flat_chunk_steps[s].sum() for s in dropped))
+            self._consume(dropped)
+
     def _expected(self, group: int) -> int:
         """Episodes of ``group`` this run plays: a group begun before a resume lost its first members."""
         return min(self.group_size, (group + 1) * self.group_size - self.first_position)
@@ -255,12 +274,14 @@ class GroupBatcher(Component):
 
     def _consume(self, steps: list[np.ndarray]) -> None:
         """These steps are batched or dropped: return each buffer none of whose steps is left to its worker."""
+        if not steps:
+            return
         buffer_ids, counts = np.unique(np.concatenate(steps) // self.entries, return_counts=True)
-        by_owner: dict[int, list[int]] = {}
+        done = []
         for buffer_id, count in zip(buffer_ids.tolist(), counts.tolist()):
             self.unconsumed[buffer_id] -= count
             if self.unconsumed[buffer_id] == 0:
                 del self.unconsumed[buffer_id]
-                by_owner.setdefault(self.buffers.owner_of(buffer_id), []).append(buffer_id)
-        for owner, owned in by_owner.items():
-            self.emit(buffers_released_signal(owner), tuple(owned))
+                done.append(buffer_id)
+        if done:
+            release_buffers(self, self.buffers, done)

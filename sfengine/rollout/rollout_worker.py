@@ -29,11 +29,20 @@ from sfengine.env_registry import EnvContext, EnvFactory, env_context
 from sfengine.evaluation.episode_queue import SINGLE_TASK, SharedEpisodeQueue
 from sfengine.evaluation.video import EpisodeVideo, EvalOutput
 from sfengine.event_loop import Component, stop_own_loop
-from sfengine.messages import EpisodeStats, InferenceRequest, TrajectoriesReady, WorkerReport
+from sfengine.messages import (
+    BuffersReleased,
+    EpisodeStats,
+    InferenceRequest,
+    PolicyOutputs,
+    TrajectoriesReady,
+    WorkerReport,
+)
 from sfengine.spaces import ActionSpec, obs_as_dict
 from sfengine.task_sequence import SharedTaskSequence, single_task_group_seed
 
 log = logging.getLogger(__name__)
+
+NO_REQUEST = -1
 
 
 class SplitRunner:
@@ -55,6 +64,7 @@ class SplitRunner:
         self.active = np.ones(len(envs), dtype=bool)  # evaluation: False once an env found the set exhausted
         self.videos: dict[int, EpisodeVideo] = {}  # evaluation: env index -> the episode it records
         self.held: dict[str, np.ndarray] | None = None  # last step of a rollout while the split waits
+        self.request = NO_REQUEST  # the number of the request awaiting outputs
         self.may_resume = True  # False while it waits for a new policy (synchronous mode)
         self.rollouts_since_update = 0
 
@@ -80,7 +90,8 @@ class RolloutWorker(Component):
         # Evaluation: nothing learns, so buffers are reused at once; envs stop when the set is exhausted.
         self.evaluation = evaluation
         self.splits: list[SplitRunner] = []
-        self.free_ids: deque[int] = deque(buffers.worker_buffer_ids(worker))
+        self.free_ids: deque[int] = deque()  # filled at start, from SharedBuffers.lends
+        self.lent: set[int] = set()  # buffers handed to the batcher and not given back yet
         self.waiting_splits: deque[SplitRunner] = deque()  # at a rollout boundary, waiting for buffers or a policy
         self.sync_rollouts = 0 if cfg.sampler.async_rl else self._rollouts_per_update(cfg)
         # Group advantages: every step records its episode's sequence position, every episode end its outcome.
@@ -116,6 +127,13 @@ class RolloutWorker(Component):
         self.final_values_np = self.buffers.splits.final_values.numpy()
         self.stepping_env_np = self.buffers.splits.stepping_env.numpy()  # what the runner names if this hangs
         self.assignments_np = self.buffers.splits.assignments.numpy()
+        self.positions_np = self.buffers.splits.positions.numpy()  # with the assignments: what a respawn replays
+        self.requests_np = self.buffers.splits.requests.numpy()
+        # A respawned worker finds some of its buffers still with the batcher: they come back as usual.
+        self.lends_np = self.buffers.lends.numpy()
+        own = self.buffers.worker_buffer_ids(self.worker)
+        self.lent = {i for i in own if self.lends_np[i, 0] != self.lends_np[i, 1]}
+        self.free_ids = deque(i for i in own if i not in self.lent)
         if not self.action_spec.discrete:
             self.action_low = np.asarray(self.action_spec.low, dtype=np.float32)
             self.action_high = np.asarray(self.action_spec.high, dtype=np.float32)
@@ -170,16 +188,32 @@ class RolloutWorker(Component):
 
     def _request(self, split: SplitRunner) -> None:
         self.split_step_np[split.row] = split.t
-        self.inference_request.emit(InferenceRequest(split.row, bool(split.truncated_envs)))
+        # Numbered on from the last request of the row, a respawned worker's too: outputs of a request its
+        # predecessor made carry a number it never waits for.
+        self.requests_np[split.row] += 1
+        split.request = int(self.requests_np[split.row])
+        self.inference_request.emit(InferenceRequest(split.row, bool(split.truncated_envs), split.request))
+
+    def on_inference_respawned(self, index: int) -> None:
+        """The runner respawned an inference worker: the requests it had taken and not answered are lost, so the
+        splits that wait on it ask again (an answer to both copies is taken once)."""
+        if self.stopped or index != self.worker % self.cfg.sampler.num_inference_workers:
+            return
+        for split in self.splits:
+            if split.request != NO_REQUEST:
+                self.inference_request.emit(InferenceRequest(split.row, bool(split.truncated_envs), split.request))
 
     # ---------------------------------------------------------------- the hot path
 
-    def on_policy_outputs(self, split_index: int) -> None:
+    def on_policy_outputs(self, outputs: PolicyOutputs) -> None:
         """The inference worker has written actions for this split's step t: finish the step, take the next."""
-        if self.stopped:
-            return
+        if self.stopped or not self.splits:
+            return  # not started: a respawned worker reads what was sent to its predecessor first
+        split = self.splits[outputs.split]
+        if outputs.request != split.request:
+            return  # an answer to a request made before a respawn, or to one asked twice
+        split.request = NO_REQUEST
         started = time.perf_counter()
-        split = self.splits[split_index]
         ids, t = split.buffer_ids, split.t
         if split.truncated_envs:
             # V(final obs) of episodes truncated at step t-1 bootstraps their last reward.
@@ -276,6 +310,7 @@ class RolloutWorker(Component):
                 return None
             split.tasks[i], split.init_states[i] = episode.task, episode.init_state
             self.assignments_np[split.row, i] = (episode.task, episode.init_state)
+            self.positions_np[split.row, i] = split.positions[i]
             if episode.task != SINGLE_TASK:
                 options = {"task": episode.task, "init_state": episode.init_state}
             elif self.evaluation is not None:
@@ -362,6 +397,8 @@ class RolloutWorker(Component):
             self.free_ids.extend(ids.tolist())  # nothing learns from an evaluation: the buffers are reused at once
             self._continue_in_new_buffers(split)
             return True
+        self.lends_np[ids, 0] += 1
+        self.lent.update(ids.tolist())
         self.trajectories_ready.emit(TrajectoriesReady(tuple(int(i) for i in ids)))
         split.rollouts_since_update += 1
         if self.sync_rollouts and split.rollouts_since_update >= self.sync_rollouts:
@@ -398,8 +435,13 @@ class RolloutWorker(Component):
                 self._step_envs(split, split.buffer_ids, 0)
         self.busy_sec += time.perf_counter() - started
 
-    def on_buffers_released(self, buffer_ids: tuple[int, ...]) -> None:
-        self.free_ids.extend(buffer_ids)
+    def on_buffers_released(self, message: BuffersReleased) -> None:
+        # Only the lending the batcher answers: a release sent to this worker's predecessor, for a buffer it found
+        # free at its start (or has lent again since), is not taken twice.
+        for buffer_id, lend in zip(message.buffer_ids, message.lends):
+            if buffer_id in self.lent and lend == self.lends_np[buffer_id, 0]:
+                self.lent.discard(buffer_id)
+                self.free_ids.append(buffer_id)
         if self.waiting_splits and not self.stopped:
             self._resume_waiting()
 

@@ -100,7 +100,8 @@ def test_a_rank_that_fails_takes_the_whole_job_down_with_a_clear_message(tmp_pat
     script = tmp_path / "mortal.py"
     script.write_text(DYING_RANK_SCRIPT)
     args = ["--env=mortal_cartpole", "--num_workers=1", "--num_envs_per_worker=2", "--worker_num_splits=2"]
-    args += ["--batch_size=256", "--num_batches_per_epoch=1", "--train_for_env_steps=100000000"]
+    # No respawn: the worker would die again after 300 steps each time, until --max_respawns stopped the rank.
+    args += ["--batch_size=256", "--num_batches_per_epoch=1", "--train_for_env_steps=100000000", "--max_respawns=0"]
     started, shm_before = time.time(), shm_entries()
     result = torchrun(script, train_dir, "dies", *args, timeout=400)
     assert result.returncode != 0

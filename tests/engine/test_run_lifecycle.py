@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -18,58 +17,20 @@ import psutil
 import pytest
 import torch
 
-from helpers import leaked_shm, read_summary, run_train, shm_entries, train_command
+from helpers import (
+    FAST,
+    leaked_shm,
+    read_summary,
+    run_train,
+    shm_entries,
+    start,
+    start_long_training,
+    train_command,
+    wait_for_training,
+)
 from sfengine.config import parse_config
 from sfengine.spaces import action_spec_from_space, obs_spec_from_space
 from sfengine.train import build_model
-
-FAST = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=4", "--worker_num_splits=2"]
-
-
-def wait_for_training(process: subprocess.Popen, timeout: float = 120) -> None:
-    """Read status lines until the learner has consumed env steps."""
-    deadline = time.time() + timeout
-    for line in process.stdout:
-        if "steps" in line and "FPS" in line and line.split("steps")[1].split()[0].replace(",", "") != "0":
-            return
-        assert time.time() < deadline, "training made no progress"
-    raise AssertionError(f"the run ended early with code {process.wait()}")
-
-
-STARTED: list[subprocess.Popen] = []  # runs started in the background by the current test
-
-
-@pytest.fixture(autouse=True)
-def no_run_outlives_its_test():
-    """A test that fails half-way (a timeout, an assertion) must not leave a run and its workers behind."""
-    yield
-    while STARTED:
-        process = STARTED.pop()
-        try:
-            tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            continue
-        for member in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                member.kill()
-        psutil.wait_procs(tree, timeout=10)
-
-
-def start(command: list[str], **popen) -> subprocess.Popen:
-    STARTED.append(subprocess.Popen(command, text=True, **popen))
-    return STARTED[-1]
-
-
-def start_long_training(train_dir, experiment: str, *args: str, **popen) -> subprocess.Popen:
-    """Start a run that would go on for a long time, and return once the learner has trained."""
-    process = start(
-        train_command(train_dir, experiment, *FAST, "--train_for_env_steps=100000000", *args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        **popen,
-    )
-    wait_for_training(process)
-    return process
 
 
 def test_sigint_saves_a_checkpoint_and_leaves_no_process_or_shared_memory(train_dir):
@@ -420,20 +381,6 @@ def test_env_registered_from_a_user_script_runs_in_spawned_workers_with_its_own_
     assert "module-level function" in result.stderr
 
 
-def test_a_dead_worker_fails_the_run_cleanly_and_names_it(train_dir):
-    process = start_long_training(train_dir, "crash")
-    children = psutil.Process(process.pid).children(recursive=True)
-    names = {c.name(): c for c in children}
-    assert {"sfe-rollout-0", "sfe-rollout-1", "sfe-inference-0", "sfe-learner"} <= set(names), names
-    names["sfe-rollout-1"].kill()
-    output = process.communicate(timeout=120)[0]
-    assert process.returncode == 1, output
-    assert "process died: rollout_worker_1_process" in output
-    _, alive = psutil.wait_procs(children, timeout=10)
-    assert not alive
-    assert list((train_dir / "crash" / "checkpoints").glob("checkpoint_*.pt"))  # the learner still saved
-
-
 def test_second_sigint_forces_the_exit_and_leaves_no_process(train_dir):
     shm_before = shm_entries()
     process = start_long_training(train_dir, "forced")
@@ -519,6 +466,7 @@ def test_multi_task_env_gets_assignments_and_reports_success_per_task(tmp_path, 
 
 
 HANGING_SCRIPT = """
+import os
 import sys
 import time
 
@@ -529,12 +477,16 @@ from sfengine.train import main
 from sfengine_envs.multitask_toy import make_multitask_toy
 
 
+HUNG_ONCE = __file__ + ".hung"
+
+
 def stuck_in_the_simulator():
     time.sleep(100_000)  # as a deadlocked simulator would: the step never returns
 
 
 class HangsOnce(gym.Wrapper):
-    # Env 3 of rollout worker 1 hangs in its 3000th step, a few seconds into the run.
+    # Env 3 of rollout worker 1 hangs in its 3000th step, a few seconds into the run; once a run (the worker that
+    # replaces it does not).
 
     def __init__(self, env, ctx):
         super().__init__(env)
@@ -543,7 +495,8 @@ class HangsOnce(gym.Wrapper):
 
     def step(self, action):
         self.steps += 1
-        if self.hangs and self.steps == 3000:
+        if self.hangs and self.steps == 3000 and not os.path.exists(HUNG_ONCE):
+            open(HUNG_ONCE, "w").close()
             stuck_in_the_simulator()
         return self.env.step(action)
 
@@ -575,12 +528,13 @@ if __name__ == "__main__":
 """
 
 
-def test_a_hung_env_is_named_with_its_stack_and_the_run_stops_cleanly(tmp_path, train_dir):
+def test_a_hung_env_is_named_with_its_stack_and_its_worker_respawned(tmp_path, train_dir):
     script = tmp_path / "hangs.py"
     script.write_text(HANGING_SCRIPT)
     shm_before = shm_entries()
     command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=hang", *FAST[1:]]
-    command += ["--env=hanging_toy", "--hang_timeout_sec=8", "--train_for_env_steps=100000000"]
+    # Enough steps that the other worker does not reach them alone within the 8 s of silence.
+    command += ["--env=hanging_toy", "--hang_timeout_sec=8", "--train_for_env_steps=200000"]
     started = time.time()
     process = start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     children = []
@@ -588,14 +542,17 @@ def test_a_hung_env_is_named_with_its_stack_and_the_run_stops_cleanly(tmp_path, 
         time.sleep(0.5)
         children = psutil.Process(process.pid).children(recursive=True)
     _, stderr = process.communicate(timeout=240)
-    assert process.returncode == 1, stderr[-3000:]
-    assert time.time() - started < 120  # noticed after 8 s of silence, not left hanging
+    assert process.returncode == 0, stderr[-3000:]
+    assert time.time() - started < 180  # noticed after 8 s of silence, not left hanging
     # The error names the worker, the env and what it was playing; its stack shows where it is stuck.
     error = next(line for line in stderr.splitlines() if "sent no report" in line)
     assert "rollout_worker_1 sent no report" in error and "stuck in env 3 (split 1), task" in error, error
     assert re.search(r"task \d+ 'toy_task_\d+', init state \d+", error), error
+    assert error.endswith("respawning it (--hang_timeout_sec)"), error
     assert "stuck_in_the_simulator" in stderr  # the hung process's own stack, printed by faulthandler
-    assert list((train_dir / "hang" / "checkpoints").glob("checkpoint_*.pt"))  # the learner still saved
+    summary = read_summary(train_dir, "hang")
+    assert summary["respawns"] == {"rollout_worker_1": 1}
+    assert summary["env_steps"] >= 200000 and summary["exit_code"] == 0
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()
@@ -613,17 +570,20 @@ def test_hang_timeout_zero_lets_a_long_silence_pass(tmp_path, train_dir):
     assert read_summary(train_dir, "stall")["env_steps"] >= 20000
 
 
-def test_a_hung_inference_worker_is_named_and_the_run_stops_cleanly(train_dir):
+def test_a_hung_inference_worker_is_named_and_respawned_and_the_run_finishes(train_dir):
     shm_before = shm_entries()
-    process = start_long_training(train_dir, "frozen", "--hang_timeout_sec=4")
+    args = [*FAST, "--train_for_env_steps=60000", "--hang_timeout_sec=4"]
+    process = start(train_command(train_dir, "frozen", *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for_training(process)
     children = psutil.Process(process.pid).children(recursive=True)
     (inference,) = (c for c in children if c.name() == "sfe-inference-0")
     inference.suspend()  # SIGSTOP: frozen as a process stuck in a driver call would be
-    output = process.communicate(timeout=120)[0]
-    assert process.returncode == 1, output[-3000:]
+    output = process.communicate(timeout=240)[0]
+    assert process.returncode == 0, output[-3000:]
     assert "inference_worker_0 sent no report" in output
-    assert read_summary(train_dir, "frozen")["stop_reason"] == "hung: inference_worker_0"
-    assert list((train_dir / "frozen" / "checkpoints").glob("checkpoint_*.pt"))  # the learner still saved
+    summary = read_summary(train_dir, "frozen")
+    assert summary["respawns"] == {"inference_worker_0": 1}
+    assert summary["env_steps"] >= 60000  # the rollout workers it had left waiting asked its successor again
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()

@@ -1,0 +1,252 @@
+"""A run that heals itself: rollout and inference workers killed, hung or dying at every start, with real processes
+and real signals; and the repair of the shared-memory inboxes that makes a respawn possible."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+from faster_fifo import Queue
+
+from helpers import (
+    FAST,
+    component,
+    leaked_shm,
+    read_summary,
+    shm_entries,
+    start,
+    train_command,
+    wait_for_training,
+    write_recording_script,
+)
+from sfengine.respawn import (
+    MUTEX,
+    MUTEX_OWNER,
+    WAITER_COUNTS,
+    inbox_layout_known,
+    release_lock_held_by,
+    reset_waiters,
+)
+from sfengine.scheduler import Assignment, TaskSchedule, shard_pairs
+from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
+
+
+def start_training(train_dir: Path, experiment: str, *args: str, script: Path | None = None) -> subprocess.Popen:
+    command = train_command(train_dir, experiment, *FAST, *args)
+    if script is not None:
+        command = [sys.executable, str(script), *command[3:]]
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for_training(process)
+    return process
+
+
+def kill_and_wait_for_successor(process: subprocess.Popen, name: str) -> tuple[int, list[psutil.Process]]:
+    """SIGKILL the component shown as ``name`` and wait for the one that replaces it. Returns the killed pid and
+    every component process seen, to check afterwards that none outlived the run."""
+    victim = component(process, name)
+    seen = psutil.Process(process.pid).children(recursive=True)
+    victim.kill()
+    deadline = time.time() + 60
+    while (successor := component(process, name)).pid == victim.pid:
+        assert time.time() < deadline, f"{name} was not respawned"
+        time.sleep(0.2)
+    return victim.pid, [*seen, successor]
+
+
+def assert_nothing_left(processes: list[psutil.Process], shm_before: set[str]) -> None:
+    _, alive = psutil.wait_procs(processes, timeout=15)
+    assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()
+
+
+@pytest.mark.parametrize("name", ["sfe-rollout-1", "sfe-inference-0"])
+def test_a_killed_worker_is_respawned_and_the_run_finishes_its_env_steps(train_dir, name):
+    shm_before = shm_entries()
+    process = start_training(train_dir, "killed", "--train_for_env_steps=60000")
+    _, seen = kill_and_wait_for_successor(process, name)
+    output = process.communicate(timeout=240)[0]
+    assert process.returncode == 0, output[-3000:]
+    summary = read_summary(train_dir, "killed")
+    expected = "rollout_worker_1" if "rollout" in name else "inference_worker_0"
+    assert summary["respawns"] == {expected: 1}
+    assert summary["env_steps"] >= 60000 and summary["stop_reason"].startswith("reached")
+    assert f"{expected} died (exit code -9); respawning it" in output
+    assert summary["respawn_seconds_lost"] > 0
+    if "rollout" in name:
+        assert summary["respawn_dropped_trajectories"] == 4  # the rollouts of its 4 envs in flight
+    assert_nothing_left(seen, shm_before)
+
+
+@pytest.mark.parametrize("critic_free", [False, True])
+def test_the_episodes_of_a_killed_worker_are_played_again_so_the_sequence_is_covered_exactly(
+    tmp_path, train_dir, critic_free
+):
+    script, logs = tmp_path / "recorded.py", tmp_path / "logs"
+    write_recording_script(script, logs)
+    args = ["--env=recorded_toy", "--batch_size=512", "--num_batches_per_epoch=1", "--train_for_env_steps=16000"]
+    group_size = 4 if critic_free else 1
+    if critic_free:
+        args += ["--advantage=rloo", f"--task_group_size={group_size}"]
+    process = start_training(train_dir, "cover", *args, script=script)
+    killed, _ = kill_and_wait_for_successor(process, "sfe-rollout-1")
+    output = process.communicate(timeout=240)[0]
+    assert process.returncode == 0, output[-3000:]
+    assert read_summary(train_dir, "cover")["respawns"] == {"rollout_worker_1": 1}
+
+    # What the killed worker's envs were playing when it died: the last assignment each received.
+    cut = Counter()
+    for path in logs.glob(f"rank0_{killed}_1_*.txt"):
+        task, init_state = path.read_text().splitlines()[-1].split()
+        cut[Assignment(int(task), int(init_state))] += 1
+    assert sum(cut.values()) == 4  # its 4 envs
+    # Every position of the sequence was handed out once, and the cut episodes once more, before it moved on.
+    received = Counter()
+    for path in logs.glob("*.txt"):
+        received.update(Assignment(*map(int, line.split())) for line in path.read_text().splitlines())
+    drawn = sum(received.values()) - sum(cut.values())
+    schedule = TaskSchedule(shard_pairs([NUM_INIT_STATES] * NUM_TASKS, 0, 1), group_size)
+    assert received == Counter(schedule.at(p) for p in range(drawn)) + cut
+    assert "rollout_worker_1: 4 episodes handed out again" in output
+
+
+DIES_AT_START_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import sys
+
+    import gymnasium as gym
+
+    from sfengine import register_env
+    from sfengine.train import main
+
+
+    def make_cursed_cartpole(ctx):
+        if ctx.worker_index == 1:
+            os._exit(3)  # as a simulator that cannot start on this worker would (a missing device, a bad driver)
+        return gym.make("CartPole-v1")
+
+
+    register_env("cursed_cartpole", make_cursed_cartpole)
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_a_worker_that_dies_at_every_start_stops_the_run_after_max_respawns(tmp_path, train_dir):
+    shm_before = shm_entries()
+    script = tmp_path / "cursed.py"
+    script.write_text(DIES_AT_START_SCRIPT)
+    command = [sys.executable, str(script), *train_command(train_dir, "cursed", *FAST)[3:]]
+    command += ["--env=cursed_cartpole", "--max_respawns=2", "--train_for_env_steps=100000000"]
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen = []
+    while process.poll() is None and len(seen) < 3:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            seen = psutil.Process(process.pid).children(recursive=True)
+        time.sleep(0.1)
+    output = process.communicate(timeout=240)[0]
+    assert process.returncode == 1, output[-3000:]
+    assert (
+        "a component process died: rollout_worker_1_process (exit code 3); it was respawned 2 times within 3600 s "
+        "(--max_respawns=2); stopping the run" in output
+    )
+    summary = read_summary(train_dir, "cursed")
+    assert summary["respawns"] == {"rollout_worker_1": 2}
+    assert summary["stop_reason"] == "process died: rollout_worker_1_process (exit code 3)"
+    assert_nothing_left(seen, shm_before)
+
+
+def test_chaos_kills_workers_every_second_and_the_run_still_finishes(train_dir):
+    shm_before = shm_entries()
+    process = start_training(train_dir, "chaos", "--train_for_env_steps=40000", "--chaos_kill_every_sec=1")
+    seen = {}
+    while process.poll() is None:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            seen.update({p.pid: p for p in psutil.Process(process.pid).children(recursive=True)})
+        time.sleep(0.2)
+    output = process.communicate(timeout=240)[0]
+    assert process.returncode == 0, output[-3000:]
+    summary = read_summary(train_dir, "chaos")
+    assert summary["chaos_kills"] >= 3
+    # Every kill but one made just before the stop was followed by a respawn, none counted against the budget.
+    assert sum(summary["respawns"].values()) >= summary["chaos_kills"] - 1
+    assert summary["env_steps"] >= 40000
+    assert_nothing_left(list(seen.values()), shm_before)
+
+
+# ---------------------------------------------------------------------------------------- the inbox repair
+
+
+def wait_in_get(queue) -> None:
+    queue.get_many(timeout=1000)  # blocked in the queue's condition variable
+
+
+def hold_the_lock(queue) -> None:
+    ctypes.CDLL(None).pthread_mutex_lock(ctypes.c_void_p(ctypes.addressof(queue.queue_obj_buffer) + MUTEX))
+    time.sleep(1000)  # killed holding it, as a process killed inside a put would be
+
+
+def receive_one(queue) -> None:
+    queue.get_many(timeout=20)
+
+
+def send_one(queue) -> None:
+    queue.put(1, timeout=1)
+
+
+def put_within(queue, seconds: float) -> bool:
+    """Whether a sender process gets a message into ``queue`` within ``seconds`` (a blocked put would hold this
+    process's interpreter lock, so it is made elsewhere)."""
+    sender = multiprocessing.get_context("spawn").Process(target=send_one, args=(queue,), daemon=True)
+    sender.start()
+    sender.join(seconds)
+    if sender.is_alive():
+        sender.kill()
+        sender.join()
+    return sender.exitcode == 0
+
+
+@pytest.mark.skipif(not inbox_layout_known(Queue()), reason="the inbox repair knows faster-fifo 1.5 on x86-64 glibc")
+@pytest.mark.parametrize("dies", [wait_in_get, hold_the_lock])
+def test_an_inbox_whose_reader_was_killed_works_for_its_successor_once_repaired(dies):
+    context = multiprocessing.get_context("spawn")
+    inbox = Queue(max_size_bytes=100_000)
+    reader = context.Process(target=dies, args=(inbox,), daemon=True)
+    reader.start()
+    base = ctypes.addressof(inbox.queue_obj_buffer)
+    # Killed only once it waits (counted as a waiter) or holds the lock (its pid is the mutex's owner).
+    field = base + (WAITER_COUNTS[0] if dies is wait_in_get else MUTEX_OWNER)
+    deadline = time.time() + 60
+    while ctypes.c_int.from_address(field).value not in (1, reader.pid):
+        assert time.time() < deadline and reader.is_alive()
+        time.sleep(0.05)
+    os.kill(reader.pid, signal.SIGKILL)
+    reader.join()
+    assert release_lock_held_by(inbox, reader.pid) == (dies is hold_the_lock)
+    reset_waiters(inbox)
+    assert put_within(inbox, 30)  # senders get through while no reader runs
+    inbox.get_many(timeout=1)
+    waiters = ctypes.c_int.from_address(base + WAITER_COUNTS[0])
+    for _ in range(3):  # successors that wait for their inbox are woken by a sender's put
+        before = waiters.value
+        successor = context.Process(target=receive_one, args=(inbox,), daemon=True)
+        successor.start()
+        while waiters.value == before:  # it waits now
+            assert time.time() < deadline + 60 and successor.is_alive()
+            time.sleep(0.05)
+        assert put_within(inbox, 30)
+        successor.join(10)
+        assert successor.exitcode == 0
