@@ -184,13 +184,21 @@ def start_long_training(train_dir, experiment: str, *args: str, **popen) -> subp
     return process
 
 
-def component(process: subprocess.Popen, name: str) -> psutil.Process:
-    """The run's component process shown as ``name`` (sfe-rollout-1, sfe-inference-0, sfe-learner)."""
-    deadline = time.time() + 60
-    while time.time() < deadline:
+def running_component(process: subprocess.Popen, name: str) -> psutil.Process | None:
+    """The run's component process shown as ``name`` (sfe-rollout-1, sfe-inference-0, sfe-learner), if it runs."""
+    with contextlib.suppress(psutil.NoSuchProcess):
         for child in psutil.Process(process.pid).children(recursive=True):
             with contextlib.suppress(psutil.NoSuchProcess):
                 if child.name() == name:
                     return child
+    return None
+
+
+def component(process: subprocess.Popen, name: str) -> psutil.Process:
+    """The run's component process shown as ``name``, waiting up to a minute for it to start."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if (found := running_component(process, name)) is not None:
+            return found
         time.sleep(0.2)
     raise AssertionError(f"no component process {name}")

@@ -24,6 +24,7 @@ from helpers import (
     component,
     leaked_shm,
     read_summary,
+    running_component,
     shm_entries,
     start,
     train_command,
@@ -47,8 +48,17 @@ def start_training(train_dir: Path, experiment: str, *args: str, script: Path | 
     if script is not None:
         command = [sys.executable, str(script), *command[3:]]
     process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    wait_for_training(process)
+    if script is None:
+        wait_for_training(process)
     return process
+
+
+def wait_for_episodes(logs: Path, pattern: str, count: int, timeout: float = 120) -> None:
+    """Wait until the recording envs whose logs match ``pattern`` have started ``count`` episodes in all."""
+    deadline = time.time() + timeout
+    while sum(len(path.read_text().splitlines()) for path in logs.glob(pattern)) < count:
+        assert time.time() < deadline, f"no {count} episodes in {logs}/{pattern}"
+        time.sleep(0.05)
 
 
 def kill_and_wait_for_successor(process: subprocess.Popen, name: str) -> tuple[int, list[psutil.Process]]:
@@ -58,10 +68,15 @@ def kill_and_wait_for_successor(process: subprocess.Popen, name: str) -> tuple[i
     seen = psutil.Process(process.pid).children(recursive=True)
     victim.kill()
     deadline = time.time() + 60
-    while (successor := component(process, name)).pid == victim.pid:
+    # A short run can reach its env steps on the other workers before the successor has started; the checks on
+    # its output and summary then say whether the respawn happened.
+    while process.poll() is None:
+        successor = running_component(process, name)
+        if successor is not None and successor.pid != victim.pid:
+            return victim.pid, [*seen, successor]
         assert time.time() < deadline, f"{name} was not respawned"
         time.sleep(0.2)
-    return victim.pid, [*seen, successor]
+    return victim.pid, seen
 
 
 def assert_nothing_left(processes: list[psutil.Process], shm_before: set[str]) -> None:
@@ -99,6 +114,9 @@ def test_the_episodes_of_a_killed_worker_are_played_again_so_the_sequence_is_cov
     if critic_free:
         args += ["--advantage=rloo", f"--task_group_size={group_size}"]
     process = start_training(train_dir, "cover", *args, script=script)
+    # Killed once its 4 envs have each played an episode or so, long before the run's end (a 16k-step run on this
+    # toy takes a few seconds, less than its first status line with steps).
+    wait_for_episodes(logs, "rank0_*_1_*.txt", 8)
     killed, _ = kill_and_wait_for_successor(process, "sfe-rollout-1")
     output = process.communicate(timeout=240)[0]
     assert process.returncode == 0, output[-3000:]
