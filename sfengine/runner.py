@@ -22,7 +22,7 @@ import signal as os_signal
 import time
 from dataclasses import dataclass
 
-from signal_slot.signal_slot import Timer, signal
+from signal_slot.signal_slot import signal
 from tensorboardX import SummaryWriter
 
 from sfengine.buffers import SharedBuffers, SharedWeights
@@ -39,6 +39,13 @@ from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_
 from sfengine.learning.batcher import Batcher, buffers_released_signal
 from sfengine.learning.group_batcher import GroupBatcher
 from sfengine.learning.learner_worker import LearnerWorker
+from sfengine.lifecycle import (
+    STOP_TIMEOUT_SEC,
+    component_loops,
+    run_until_stopped,
+    start_watch_and_status_timers,
+    terminate_processes,
+)
 from sfengine.messages import EvalResult, EvaluatorReport, InferenceReport, LearnerReport, WorkerReport
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo, selected_init_states
@@ -51,7 +58,6 @@ from sfengine.task_sequence import GROUP_SEEDS_PER_RANK, SharedTaskSequence
 
 log = logging.getLogger(__name__)
 
-STOP_TIMEOUT_SEC = 60.0
 AGREED_STOP_TIMEOUT_SEC = 120.0
 
 
@@ -431,58 +437,6 @@ class Runner(Component):
         return summary
 
 
-def start_watch_and_status_timers(runner: Component) -> None:
-    """A runner's two clocks: ``_watch`` every 0.1 s (stop conditions, dead or hung processes) and ``_status``
-    every --report_every_sec."""
-    runner.watch_timer = Timer(runner.event_loop, 0.1)
-    runner.watch_timer.timeout.connect(runner._watch)
-    runner.status_timer = Timer(runner.event_loop, max(runner.cfg.run.report_every_sec, 0.5))
-    runner.status_timer.timeout.connect(runner._status)
-
-
-def terminate_processes(processes: list[EngineProcess]) -> None:
-    """Kill the components still alive. They ignore SIGTERM (it is the runner's to act on, see
-    ``ignore_interrupts``), so one that did not stop when asked gets SIGKILL."""
-    for p in processes:
-        if p.is_alive():
-            p.kill()
-    for p in processes:
-        p.join(5.0)
-
-
-def component_loops(serial: bool, runner_loop: EngineEventLoop, mp_context, processes: list[EngineProcess]):
-    """``loop_for(name)``: the event loop a component named ``name`` lives on; a process of its own (appended to
-    ``processes``), or the runner's loop in serial mode."""
-
-    def loop_for(name: str):
-        if serial:
-            return runner_loop
-        process = EngineProcess(f"{name}_process", mp_context)
-        processes.append(process)
-        return process.event_loop
-
-    return loop_for
-
-
-def run_until_stopped(runner: Component, runner_loop: EngineEventLoop, processes: list[EngineProcess]) -> None:
-    """Start the component processes and run the runner's loop until it stops; every process is gone after it,
-    whatever happened. SIGINT/SIGTERM go to ``runner.interrupts`` meanwhile (see install_signal_handlers)."""
-    previous_handlers = install_signal_handlers(runner)
-    try:
-        for process in processes:
-            process.start()
-        runner_loop.exec()
-    except BaseException:
-        terminate_processes(processes)
-        raise
-    finally:
-        for signum, handler in previous_handlers.items():
-            os_signal.signal(signum, handler)
-    for process in processes:
-        process.join(STOP_TIMEOUT_SEC)
-    terminate_processes(processes)
-
-
 def build_components(
     cfg: Config,
     runner_loop: EngineEventLoop,
@@ -633,23 +587,3 @@ def resumed_task_sequence(resume_state: dict | None, ranks: RankInfo) -> dict | 
             ranks.world_size,
         )
     return None
-
-
-def install_signal_handlers(runner: Runner) -> dict:
-    """First SIGINT/SIGTERM: stop cleanly (checkpoint, join, summary). Second: kill the children and exit now."""
-
-    def handler(signum, _frame):
-        runner.interrupts += 1
-        if runner.interrupts == 1:
-            print(f"\n{os_signal.Signals(signum).name}: saving a checkpoint and stopping (again to force)", flush=True)
-            return
-        print("forced exit: killing every component", flush=True)
-        for p in runner.processes:
-            if p.is_alive():
-                p.kill()
-        os._exit(130)
-
-    previous = {}
-    for signum in (os_signal.SIGINT, os_signal.SIGTERM):
-        previous[signum] = os_signal.signal(signum, handler)
-    return previous

@@ -27,15 +27,15 @@ from sfengine.evaluation.video import EvalOutput
 from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
 from sfengine.hang_watch import HangWatch
 from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
-from sfengine.messages import EpisodeStats, WorkerReport
-from sfengine.models.actor_critic import ActorCritic
-from sfengine.runner import (
+from sfengine.lifecycle import (
     STOP_TIMEOUT_SEC,
     component_loops,
     run_until_stopped,
     start_watch_and_status_timers,
     terminate_processes,
 )
+from sfengine.messages import EpisodeStats, WorkerReport
+from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
 
 log = logging.getLogger(__name__)

@@ -31,10 +31,13 @@ from helpers import (
     wait_for_training,
     write_recording_script,
 )
+from sfengine import respawn
+from sfengine.config import Config
 from sfengine.respawn import (
     MUTEX,
     MUTEX_OWNER,
     WAITER_COUNTS,
+    Respawner,
     inbox_layout_known,
     release_lock_held_by,
     reset_waiters,
@@ -268,3 +271,57 @@ def test_an_inbox_whose_reader_was_killed_works_for_its_successor_once_repaired(
         assert put_within(inbox, 30)
         successor.join(10)
         assert successor.exitcode == 0
+
+
+class PlainProcess:
+    """The part of EngineProcess the Respawner uses, over a plain process running ``target(inbox)``: the worker
+    named ``name`` whose inbox is ``inbox``."""
+
+    def __init__(self, name: str, target, inbox):
+        self.name, self.target = name, target
+        self.event_loop = type("Loop", (), {"signal_queue": inbox})()
+        self.respawn()
+
+    def respawn(self) -> None:
+        self.process = multiprocessing.get_context("spawn").Process(
+            target=self.target, args=(self.event_loop.signal_queue,), daemon=True
+        )
+        self.process.start()
+
+    def __getattr__(self, name):  # pid, is_alive, kill, join, exitcode
+        return getattr(self.process, name)
+
+
+def wait_for_field(inbox, offset: int, value: int, process: PlainProcess) -> None:
+    field, deadline = ctypes.c_int.from_address(ctypes.addressof(inbox.queue_obj_buffer) + offset), time.time() + 60
+    while field.value != value:
+        assert time.time() < deadline and process.is_alive()
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not inbox_layout_known(Queue()), reason="the inbox repair knows faster-fifo 1.5 on x86-64 glibc")
+@pytest.mark.parametrize("holder", ["rollout_worker_0_process", "learner_process"])
+def test_a_worker_stuck_holding_the_dead_workers_inbox_lock_is_ended_too(monkeypatch, holder):
+    monkeypatch.setattr(respawn, "LOCK_TIMEOUT_SEC", 1.0)
+    inbox = Queue(max_size_bytes=100_000)
+    dead = PlainProcess("inference_worker_0_process", wait_in_get, inbox)
+    wait_for_field(inbox, WAITER_COUNTS[0], 1, dead)
+    # A live process stuck inside the hung worker's inbox, holding its lock (as one blocked inside a put would).
+    stuck = PlainProcess(holder, hold_the_lock, inbox)
+    wait_for_field(inbox, MUTEX_OWNER, stuck.pid, stuck)
+    respawner = Respawner(Config(), buffers=None, task_sequence=None, inboxes=[inbox])
+    first_pid = dead.pid
+    if holder == "learner_process":  # not a worker: it is not ended, and the run stops
+        with pytest.raises(respawn.InboxLockHeld, match=f"held for 1 s by process {stuck.pid}"):
+            respawner.respawn(dead, [dead, stuck])
+        assert stuck.is_alive()
+        stuck.kill()
+        return
+    assert respawner.respawn(dead, [dead, stuck]) == []
+    stuck.join(10)
+    assert stuck.exitcode == -signal.SIGKILL
+    assert respawner.expected_deaths == {"rollout_worker_0"}  # the watch respawns it next, outside the budget
+    assert dead.pid != first_pid and dead.is_alive()
+    assert put_within(inbox, 30)  # the successor's inbox works: it receives the message and returns
+    dead.join(10)
+    assert dead.exitcode == 0
