@@ -29,7 +29,9 @@ arrival: the status lines (every --report_every_sec) give env steps, FPS and ret
     memory slope     per component, a least-squares line of RSS against time over the samples after
                      --memory_warmup_minutes, in MB/hour with its standard error; within noise when the slope is
                      under twice its standard error, or the growth it predicts over the fitted span is under 1 MB.
-                     A killed component's samples come from successive processes (its pids are listed).
+                     A killed component's samples come from successive processes (its pids are listed). The
+                     same lines over the run's second half (``rss_late``, ``uss_late``): RSS also counts the shared
+                     pages (libraries, shared buffers) a process has touched so far, which rises to a plateau.
     /dev/shm         entries over time; flat when every sample after the first status line holds the same count
                      (the machine-wide count also moves with other jobs; the run's own count does not)
     return           chaos against baseline at equal env steps over the steps both reached, the env steps at
@@ -341,13 +343,19 @@ def memory_slopes(record: RunRecord, warmup_sec: float, until_sec: float) -> dic
         if len(points) < 4 or not (name in ("runner", "tree") or name.startswith(("sfe-", "resource_tracker"))):
             continue
         times = np.array([p[0] for p in points])
-        pids = sorted({p[3] for p in points if p[3]})
+        rss, uss = np.array([p[1] for p in points]), np.array([p[2] for p in points])
+        late = times >= max(warmup_sec, until_sec / 2)
         slopes[name] = {
             "samples": len(points),
-            "pids": pids,
+            "pids": sorted({p[3] for p in points if p[3]}),
             "peak_rss_mb_per_pid": peaks.get(name, {}),
-            "rss": line_fit(times, np.array([p[1] for p in points])),
-            "uss": line_fit(times, np.array([p[2] for p in points])),
+            "rss": line_fit(times, rss),
+            "uss": line_fit(times, uss),
+            **(
+                {"rss_late": line_fit(times[late], rss[late]), "uss_late": line_fit(times[late], uss[late])}
+                if late.sum() >= 4
+                else {}
+            ),
         }
     return slopes
 

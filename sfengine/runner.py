@@ -257,20 +257,21 @@ class Runner(Component):
         """Conditions no component can signal: the clock, OS signals, processes that died; then the shutdown."""
         run = self.cfg.run
         if self.stop_reason is None:
-            if run.train_for_seconds and time.time() - self.stats.started >= run.train_for_seconds:
+            if self.respawner is not None and not self.interrupts:
+                self.respawner.chaos_victim(self.processes)
+            # Deaths first: a stop waiting for the other ranks' agreement must still see this rank's learner die
+            # (as it does when another rank's death breaks the exchange), or it would wait for good.
+            dead = [p for p in self.processes if not p.is_alive()]
+            if dead:
+                self._dead(dead)
+            elif run.train_for_seconds and time.time() - self.stats.started >= run.train_for_seconds:
                 self._stop_every_rank(f"trained for {run.train_for_seconds:g} s")
             elif self.interrupts:
                 self._stop_every_rank("interrupted by a signal")
-            else:
-                if self.respawner is not None:
-                    self.respawner.chaos_victim(self.processes)
-                dead = [p for p in self.processes if not p.is_alive()]
-                if dead:
-                    self._dead(dead)
-                elif self.hang_watch is not None and (hung := self.hang_watch.hung()):
-                    self._stop_hung(hung)
-                elif self.hang_watch is not None and (stuck := self.hang_watch.learner_hung()):
-                    self._stop_hung_learner(stuck)
+            elif self.hang_watch is not None and (hung := self.hang_watch.hung()):
+                self._stop_hung(hung)
+            elif self.hang_watch is not None and (stuck := self.hang_watch.learner_hung()):
+                self._stop_hung_learner(stuck)
             return
         children_done = all(not p.is_alive() for p in self.processes)
         if (self.processes and children_done) or (not self.processes and self.stats.final_learner_report):

@@ -107,6 +107,10 @@ def test_a_rank_that_fails_takes_the_whole_job_down_with_a_clear_message(tmp_pat
     assert result.returncode != 0
     assert time.time() - started < 300  # ended, not hung
     assert "[rank 1]" in result.stderr and "a component process died: rollout_worker_0" in result.stderr
+    # The surviving rank's learner loses its peer in the exchange; its runner sees that and ends the rank itself,
+    # though torchrun's SIGTERM asked it to wait for an agreed stop: torchrun need not SIGKILL it.
+    assert "[rank 0] a component process died: learner_process" in result.stderr
+    assert "SIGKILL" not in result.stderr, result.stderr[-3000:]
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     # torchrun kills the surviving rank's process tree: nothing of either rank may stay in /dev/shm.
     assert leaked_shm(shm_before) == set()

@@ -211,6 +211,11 @@ def test_chaos_kills_workers_every_second_and_the_run_still_finishes(train_dir):
 # ---------------------------------------------------------------------------------------- the inbox repair
 
 
+# The processes around an inbox below only touch the queue: forked, they start in milliseconds (a spawned one
+# imports this module, torch with it).
+HELPERS = multiprocessing.get_context("fork")
+
+
 def wait_in_get(queue) -> None:
     queue.get_many(timeout=1000)  # blocked in the queue's condition variable
 
@@ -231,7 +236,7 @@ def send_one(queue) -> None:
 def put_within(queue, seconds: float) -> bool:
     """Whether a sender process gets a message into ``queue`` within ``seconds`` (a blocked put would hold this
     process's interpreter lock, so it is made elsewhere)."""
-    sender = multiprocessing.get_context("spawn").Process(target=send_one, args=(queue,), daemon=True)
+    sender = HELPERS.Process(target=send_one, args=(queue,), daemon=True)
     sender.start()
     sender.join(seconds)
     if sender.is_alive():
@@ -243,7 +248,7 @@ def put_within(queue, seconds: float) -> bool:
 @pytest.mark.skipif(not inbox_layout_known(Queue()), reason="the inbox repair knows faster-fifo 1.5 on x86-64 glibc")
 @pytest.mark.parametrize("dies", [wait_in_get, hold_the_lock])
 def test_an_inbox_whose_reader_was_killed_works_for_its_successor_once_repaired(dies):
-    context = multiprocessing.get_context("spawn")
+    context = HELPERS
     inbox = Queue(max_size_bytes=100_000)
     reader = context.Process(target=dies, args=(inbox,), daemon=True)
     reader.start()
@@ -283,9 +288,7 @@ class PlainProcess:
         self.respawn()
 
     def respawn(self) -> None:
-        self.process = multiprocessing.get_context("spawn").Process(
-            target=self.target, args=(self.event_loop.signal_queue,), daemon=True
-        )
+        self.process = HELPERS.Process(target=self.target, args=(self.event_loop.signal_queue,), daemon=True)
         self.process.start()
 
     def __getattr__(self, name):  # pid, is_alive, kill, join, exitcode

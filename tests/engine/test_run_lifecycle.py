@@ -140,7 +140,7 @@ def test_checkpoint_of_another_model_is_rejected(train_dir):
 def test_run_writes_config_tensorboard_checkpoints_every_few_seconds_and_summary(train_dir):
     # Periodic checkpoints with pruning, and an `auto` worker count, in one run of a few seconds.
     args = ["--env=CartPole-v1", "--num_workers=auto", "--num_envs_per_worker=4", "--train_for_env_steps=40000"]
-    args += ["--save_every_sec=1", "--keep_checkpoints=2"]
+    args += ["--save_every_sec=0.25", "--keep_checkpoints=2"]  # several saves however fast the machine runs
     result = run_train(train_dir, "files", *args)
     assert result.returncode == 0, result.stderr
     experiment = train_dir / "files"
@@ -151,7 +151,7 @@ def test_run_writes_config_tensorboard_checkpoints_every_few_seconds_and_summary
     # The auto choice is printed and recorded, so a resumed run keeps it.
     chosen = int(re.search(r"auto: num_workers=(\d+)", result.stdout).group(1))
     assert json.loads((experiment / "config.json").read_text())["sampler"]["num_workers"] == chosen >= 1
-    # Saved every second and at the stop; only the newest two are kept, the last one holding the final state.
+    # Saved periodically and at the stop; only the newest two are kept, the last one holding the final state.
     saved = re.findall(r"checkpoint saved: (checkpoint_\d+_\d+\.pt)", result.stdout + result.stderr)
     saved = list(dict.fromkeys(saved))  # a save with no training since the last one rewrites the same file
     assert len(saved) >= 3, saved
@@ -207,7 +207,7 @@ DISK_FULL_SCRIPT = textwrap.dedent(
 def test_a_checkpoint_that_cannot_be_written_keeps_the_last_one_and_the_run_goes_on(tmp_path, train_dir):
     script = tmp_path / "disk_full.py"
     script.write_text(DISK_FULL_SCRIPT)
-    args = [*FAST, "--train_for_env_steps=60000", "--save_every_sec=1", "--keep_checkpoints=5"]
+    args = [*FAST, "--train_for_env_steps=60000", "--save_every_sec=0.25", "--keep_checkpoints=5"]
     command = [sys.executable, str(script), *train_command(train_dir, "full", *args)[3:]]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
