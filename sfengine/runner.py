@@ -85,6 +85,7 @@ def connect_components(runner: Runner, c: Components, num_inference_workers: int
         inference.report.connect(runner.on_inference_report)
     c.batcher.training_batch_ready.connect(c.learner.on_training_batch)
     c.learner.batch_released.connect(c.batcher.on_batch_released)
+    c.batcher.failed.connect(runner.on_component_failed)
     c.learner.report.connect(runner.on_learner_report)
     runner.rank_episodes.connect(c.learner.on_rank_episodes)
     runner.stop_requested.connect(c.learner.on_stop_requested)
@@ -198,6 +199,11 @@ class Runner(Component):
             self.request_stop(self.stop_asked[0] if self.stop_asked else "another rank stopped")
         elif self.stats.env_steps >= self.cfg.run.train_for_env_steps:
             self.request_stop(f"reached {self.stats.env_steps} env steps")
+
+    def on_component_failed(self, reason: str) -> None:
+        """A component that cannot go on but whose process still runs (the batcher's thread)."""
+        log.error("%s; stopping the run", reason)
+        self.request_stop(reason, exit_code=1)
 
     def on_evaluator_report(self, report: EvaluatorReport) -> None:
         self.stats.add_evaluator_report(report)

@@ -27,6 +27,7 @@ from sfengine.config import Config, ConfigError
 from sfengine.models.actor_critic import ActorCritic, CNNEncoder
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+TINY = np.finfo(np.float32).tiny  # the smallest positive float32
 
 
 class PolicyOutputArrays(NamedTuple):
@@ -182,8 +183,10 @@ class NumpyPolicy:
             if deterministic:
                 actions = log_p.argmax(-1)
             else:
-                # Gumbel-max, as ActorCritic.sample: argmax(log p - log E), E ~ Exp(1).
-                actions = (log_p - np.log(self.rng.standard_exponential(log_p.shape, dtype=np.float32))).argmax(-1)
+                # Gumbel-max, as ActorCritic.sample: argmax(log p - log E), E ~ Exp(1). A draw of exactly 0 (about
+                # one in 16M in float32) would make -log E infinite and pick its action whatever p is.
+                draws = self.rng.standard_exponential(log_p.shape, dtype=np.float32)
+                actions = (log_p - np.log(np.maximum(draws, TINY))).argmax(-1)
             log_probs = np.take_along_axis(log_p, actions[:, None], -1)[:, 0]
             return PolicyOutputArrays(actions, log_probs, values)
         if self.state_dependent_std:

@@ -51,6 +51,9 @@ class Batcher(Component):
     @signal
     def training_batch_ready(self): ...
 
+    @signal
+    def failed(self): ...  # (reason: str) its loop ended on an exception; see LearnerWorker._run_batcher
+
     def set_batch_slots(self, slots: list[TrajectoryBuffers]) -> None:
         """The learner allocates the slots (on its device) before the batcher starts."""
         self.batch_slots = slots

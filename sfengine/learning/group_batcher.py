@@ -143,6 +143,9 @@ class GroupBatcher(Component):
     @signal
     def training_batch_ready(self): ...
 
+    @signal
+    def failed(self): ...  # (reason: str) its loop ended on an exception; see LearnerWorker._run_batcher
+
     def set_batch_slots(self, slots: list[GroupBatch]) -> None:
         """The learner allocates the slots before the batcher starts, in the process the batcher runs in: views of
         the shared buffers are made here too (a numpy view made before the spawn would travel as a copy)."""

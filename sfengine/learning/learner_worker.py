@@ -145,9 +145,19 @@ class LearnerWorker(Component):
             self.save_timer = Timer(self.event_loop, cfg.run.save_every_sec)
             self.save_timer.timeout.connect(self.save)
         if self.batcher.event_loop is not self.event_loop:
-            self.batcher_thread = threading.Thread(target=self.batcher.event_loop.exec, name="batcher", daemon=True)
+            self.batcher_thread = threading.Thread(target=self._run_batcher, name="batcher", daemon=True)
             self.batcher_thread.start()
         self.started = True
+
+    def _run_batcher(self) -> None:
+        """The batcher's loop, in a thread of this process. An exception there would end the thread alone and
+        leave the run waiting for batches for good: the runner is told, and stops the run (exit code 1; this
+        learner saves its checkpoint as at any stop)."""
+        try:
+            self.batcher.event_loop.exec()
+        except Exception as error:
+            log.exception("the batcher failed")
+            self.batcher.failed.emit(f"batcher failed: {type(error).__name__}: {error}")
 
     def on_rank_episodes(self, episodes: list[EpisodeStats]) -> None:
         self.pending_episodes.extend(episodes)

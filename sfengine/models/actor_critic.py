@@ -396,7 +396,8 @@ class ActorCritic(nn.Module):
         the largest single cost of the inference worker on a cheap env."""
         if self.action_spec.discrete:
             log_p = torch.log_softmax(params, dim=-1)
-            actions = (log_p - torch.empty_like(log_p).exponential_().log()).argmax(-1)
+            draws = torch.empty_like(log_p).exponential_().clamp_min_(torch.finfo(log_p.dtype).tiny)
+            actions = (log_p - draws.log()).argmax(-1)
             return actions, log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         mean, log_std = self._mean_log_std(params)
         noise = torch.randn_like(mean)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -647,6 +648,64 @@ def test_a_learner_stuck_in_an_update_is_named_with_its_stack_and_the_run_stops_
     assert saved and f"the last checkpoint is {saved[-1].name}" in output
     stuck_in = int(re.search(r"stuck in update (\d+)", output).group(1))
     assert torch.load(saved[-1], weights_only=True)["policy_version"] < stuck_in  # written before it got stuck
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()
+
+
+# A user script whose batcher raises while it assembles its 5th training batch (as a bug in it would): the batcher
+# runs in a thread of the learner process, whose death would not show.
+FAILING_BATCHER_SCRIPT = textwrap.dedent(
+    """
+    import sys
+
+    from sfengine.learning.batcher import Batcher
+    from sfengine.train import main
+
+    real_assemble, batches = Batcher._assemble, []
+
+
+    def assemble_until_it_fails(self):
+        if len(self.pending) >= self.trajectories_per_batch and self.free_slots:
+            batches.append(1)
+            if len(batches) == 5:
+                raise RuntimeError("a bug in the batcher")
+        return real_assemble(self)
+
+
+    Batcher._assemble = assemble_until_it_fails
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_a_batcher_that_raises_stops_the_run_with_a_checkpoint_instead_of_hanging(tmp_path, train_dir):
+    shm_before = shm_entries()
+    script = tmp_path / "failing_batcher.py"
+    script.write_text(FAILING_BATCHER_SCRIPT)
+    args = [*FAST, "--batch_size=256", "--num_batches_per_epoch=1", "--train_for_env_steps=100000000"]
+    process = start(
+        [sys.executable, str(script), *train_command(train_dir, "batcher", *args)[3:]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    children = []
+    deadline = time.time() + 60
+    while len(children) < 4 and time.time() < deadline and process.poll() is None:
+        time.sleep(0.2)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            children = psutil.Process(process.pid).children(recursive=True)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 1, output[-3000:]
+    assert "batcher failed: RuntimeError: a bug in the batcher; stopping the run" in output
+    assert "in assemble_until_it_fails" in output  # the batcher's traceback
+    summary = read_summary(train_dir, "batcher")
+    assert summary["stop_reason"] == "batcher failed: RuntimeError: a bug in the batcher"
+    # The learner saved at the stop, after the 4 updates it had made.
+    (saved,) = (train_dir / "batcher" / "checkpoints").glob("checkpoint_*.pt")
+    assert torch.load(saved, weights_only=True)["policy_version"] == 4
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()

@@ -222,3 +222,23 @@ def test_a_synchronous_run_acts_with_the_learners_policy_at_every_batch(tmp_path
     deviations = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(deviations) >= 6, deviations  # 8 batches of 512 samples; the last may be cut short by the stop
     assert max(deviations) < 1e-4, deviations
+
+
+class ZeroDraws:
+    """An rng whose exponential draws are all exactly 0: the rare draw that float32 sampling can make."""
+
+    def standard_exponential(self, shape, dtype):
+        return np.zeros(shape, dtype)
+
+
+def test_an_exponential_draw_of_zero_neither_warns_nor_overrides_the_policy():
+    model = model_for("elu-discrete")
+    obs = random_obs(model, 16, scale=4.0)
+    _, modes, _, _ = torch_outputs(model, obs)
+    assert len(set(modes.tolist())) > 1  # the mode differs between rows, so it is not the first action by chance
+    policy = NumpyPolicy(model, seed=0)
+    policy.rng = ZeroDraws()
+    with np.errstate(all="raise"):
+        out = policy.act(obs)
+    # Equal noise on every action leaves the mode; an infinite one would make every action tie (argmax: action 0).
+    np.testing.assert_array_equal(out.actions, modes)
