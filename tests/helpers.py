@@ -184,6 +184,23 @@ def start_long_training(train_dir, experiment: str, *args: str, **popen) -> subp
     return process
 
 
+def start_script(script: Path, train_dir: Path, experiment: str, *args: str) -> subprocess.Popen:
+    """Start a user script that runs ``sfengine.train``, with these options; its output piped (stderr into stdout)."""
+    command = [sys.executable, str(script), *train_command(train_dir, experiment, *args)[3:]]
+    return start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def component_processes(process: subprocess.Popen, count: int = 4) -> list[psutil.Process]:
+    """The run's processes once ``count`` of them run (2 rollout workers, inference and learner by default), or as
+    many as it had when it ended: to check afterwards that none outlived it."""
+    children, deadline = [], time.time() + 60
+    while len(children) < count and time.time() < deadline and process.poll() is None:
+        time.sleep(0.2)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            children = psutil.Process(process.pid).children(recursive=True)
+    return children
+
+
 def running_component(process: subprocess.Popen, name: str) -> psutil.Process | None:
     """The run's component process shown as ``name`` (sfe-rollout-1, sfe-inference-0, sfe-learner), if it runs."""
     with contextlib.suppress(psutil.NoSuchProcess):

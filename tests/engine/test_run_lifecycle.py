@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -20,12 +19,14 @@ import torch
 
 from helpers import (
     FAST,
+    component_processes,
     leaked_shm,
     read_summary,
     run_train,
     shm_entries,
     start,
     start_long_training,
+    start_script,
     train_command,
     wait_for_training,
 )
@@ -628,16 +629,8 @@ def test_a_learner_stuck_in_an_update_is_named_with_its_stack_and_the_run_stops_
     script = tmp_path / "stuck_learner.py"
     script.write_text(STUCK_LEARNER_SCRIPT)
     args = [*FAST, "--train_for_env_steps=100000000", "--hang_timeout_sec=4", "--save_every_sec=0.5"]
-    process = start(
-        [sys.executable, str(script), *train_command(train_dir, "stuck", *args)[3:]],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    children = []
-    deadline = time.time() + 60
-    while len(children) < 4 and time.time() < deadline:  # 2 rollout workers, inference, learner
-        time.sleep(0.2)
-        children = psutil.Process(process.pid).children(recursive=True)
+    process = start_script(script, train_dir, "stuck", *args)
+    children = component_processes(process)
     output = process.communicate(timeout=120)[0]
     assert process.returncode == 1, output[-3000:]
     assert "learner has been inside one update or save for" in output, output[-3000:]
@@ -686,17 +679,8 @@ def test_a_batcher_that_raises_stops_the_run_with_a_checkpoint_instead_of_hangin
     script = tmp_path / "failing_batcher.py"
     script.write_text(FAILING_BATCHER_SCRIPT)
     args = [*FAST, "--batch_size=256", "--num_batches_per_epoch=1", "--train_for_env_steps=100000000"]
-    process = start(
-        [sys.executable, str(script), *train_command(train_dir, "batcher", *args)[3:]],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    children = []
-    deadline = time.time() + 60
-    while len(children) < 4 and time.time() < deadline and process.poll() is None:
-        time.sleep(0.2)
-        with contextlib.suppress(psutil.NoSuchProcess):
-            children = psutil.Process(process.pid).children(recursive=True)
+    process = start_script(script, train_dir, "batcher", *args)
+    children = component_processes(process)
     output = process.communicate(timeout=120)[0]
     assert process.returncode == 1, output[-3000:]
     assert "batcher failed: RuntimeError: a bug in the batcher; stopping the run" in output
