@@ -111,6 +111,13 @@ class LearnerConfig:
     vtrace_rho: float = option(1.0, "V-trace importance-weight clip for the value targets")
     vtrace_c: float = option(1.0, "V-trace trace-cutting clip")
     learner_threads: int = option(1, "torch CPU threads in the learner process (rollout and inference use 1)")
+    learner_backend: str = option(
+        "auto",
+        "how the learner runs its minibatch steps: numpy for MLP policies over vector observations on CPU with "
+        "--clip_mode=ppo_clip (the same loss and Adam step, 3-4x less time a step than torch at minibatch sizes), "
+        "torch for everything else; auto picks",
+        ("auto", "torch", "numpy"),
+    )
     device: str = option("cpu", "device of the learner and inference workers", ("cpu", "cuda"))
     critic_warmup_batches: int = option(
         0,

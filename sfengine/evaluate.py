@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from sfengine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from sfengine.config import AUTO, Config, ConfigError, auto_capable_options, build_parser, parse_config
+from sfengine.cpu_threads import set_cpu_threads
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.evaluation.episode_queue import evaluated_init_states, evaluation_episodes
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"sfengine.evaluate: error: {exc}", file=sys.stderr)
         return 2
-    torch.set_num_threads(1)
+    set_cpu_threads(1)
     ev = cfg.eval
     out_dir = cfg.experiment_dir / "eval" / checkpoint.stem
     episodes = evaluation_episodes(

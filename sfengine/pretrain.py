@@ -42,6 +42,7 @@ from sfengine.config import (
     option_table,
     parse_config,
 )
+from sfengine.cpu_threads import set_cpu_threads
 from sfengine.demos.dataset import DemoSet, read_demos
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import resolve_env_factory
@@ -182,7 +183,7 @@ def pretrain(
 ) -> dict:
     """Clone the demonstrations into the run's model; write the checkpoint, TensorBoard and summary.json."""
     device = torch.device(cfg.learner.device)
-    torch.set_num_threads(cfg.learner.learner_threads)
+    set_cpu_threads(cfg.learner.learner_threads)
     samples = demo_samples(demo_set.demos, cfg.model.action_chunk)
     train_episodes, held_out = split_by_episode(len(demo_set.demos), options.validation_fraction, cfg.env.seed)
     train, validation = samples.of_episodes(train_episodes), samples.of_episodes(held_out)

@@ -21,6 +21,7 @@ from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.event_loop import configure_logging
 from sfengine.inference.numpy_policy import choose_inference_backend
+from sfengine.learning.numpy_step import choose_learner_backend
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo, selected_init_states, task_info
 from sfengine.progress import start_block
@@ -212,10 +213,14 @@ def main(argv: list[str] | None = None) -> int:
         init_from = load_init_from(cfg, resuming)
         if init_from is not None:
             model = build_model(cfg, obs_spec, action_spec, None, init_from)
+        # --inference_backend=numpy or --learner_backend=numpy on a policy they cannot run: say so before any
+        # directory is touched (the choice depends on the model's structure, not its weights).
+        probe = model if init_from is not None else build_model(cfg, obs_spec, action_spec, None)
+        choose_inference_backend(cfg, probe)
+        choose_learner_backend(cfg, probe)
         resume_state = prepare_experiment_dir(cfg, ranks)
         if init_from is None:
             model = build_model(cfg, obs_spec, action_spec, resume_state)
-        choose_inference_backend(cfg, model)  # --inference_backend=numpy on a policy it cannot run: say so here
     except (ConfigError, CheckpointError) as exc:
         print(f"sfengine.train: error: {exc}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from signal_slot.signal_slot import Timer, signal
 
 from sfengine.buffers import SharedWeights
 from sfengine.config import Config
+from sfengine.cpu_threads import set_cpu_threads
 from sfengine.env_registry import EnvFactory, env_context
 from sfengine.evaluation.episode_queue import SINGLE_TASK, EvalEpisode, training_evaluation_episodes
 from sfengine.event_loop import Component, stop_own_loop
@@ -61,7 +62,7 @@ class TrainingEvaluator(Component):
     def report(self): ...
 
     def on_start(self) -> None:
-        torch.set_num_threads(1)
+        set_cpu_threads(1)
         cfg = self.cfg
         self.model = ActorCritic.for_config(cfg, self.obs_spec, self.action_spec).eval()
         num_envs = cfg.envs_per_split

@@ -20,6 +20,7 @@ from signal_slot.signal_slot import Timer, signal
 from sfengine.algo.flow_sar import self_annotate
 from sfengine.buffers import ANNOTATION_FIELDS, POLICY_FIELDS, SharedBuffers, SharedWeights
 from sfengine.config import Config
+from sfengine.cpu_threads import set_cpu_threads
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.inference.numpy_policy import NumpyPolicy, choose_inference_backend
 from sfengine.messages import InferenceReport, InferenceRequest, PolicyOutputs
@@ -55,7 +56,7 @@ class InferenceWorker(Component):
     def report(self): ...
 
     def on_start(self) -> None:
-        torch.set_num_threads(1)
+        set_cpu_threads(1)
         self.device = torch.device(self.cfg.learner.device)
         self.model = ActorCritic.for_config(self.cfg, self.obs_spec, self.action_spec).to(self.device)
         self.model.for_inference(getattr(torch, self.cfg.sampler.inference_dtype)).eval()

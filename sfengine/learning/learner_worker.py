@@ -21,6 +21,7 @@ from signal_slot.signal_slot import Timer, signal
 from sfengine.buffers import SharedBuffers, SharedWeights, TrajectoryBuffers
 from sfengine.checkpoint import CheckpointSaveError, list_checkpoints, save_checkpoint
 from sfengine.config import Config
+from sfengine.cpu_threads import set_cpu_threads
 from sfengine.distributed import LearnerGroup, RankBatch, RankInfo, parameter_checksum
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.learning.batcher import Batcher
@@ -85,7 +86,7 @@ class LearnerWorker(Component):
 
     def on_start(self) -> None:
         cfg = self.cfg
-        torch.set_num_threads(cfg.learner.learner_threads)
+        set_cpu_threads(cfg.learner.learner_threads)
         self.device = torch.device(cfg.learner.device)
         self.ranks = RankInfo.from_environment()
         self.group = LearnerGroup(self.ranks, self.device)

@@ -21,6 +21,7 @@ from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
 from sfengine.distributed import LearnerGroup, RankInfo
 from sfengine.learning.group_batcher import GroupBatch
+from sfengine.learning.numpy_step import NumpyStep, choose_learner_backend
 from sfengine.models.actor_critic import ActorCritic
 
 
@@ -36,6 +37,10 @@ class PPOTrainer:
         policy = dataclasses.asdict(cfg.policy_loss)
         self.clip_mode = policy.pop("clip_mode")
         self.surrogate_params = SurrogateParams(clip_ratio=cfg.learner.ppo_clip_ratio, **policy)
+        # --learner_backend=numpy: the same step without torch's per-op overhead (sfengine.learning.numpy_step).
+        self.numpy_step = (
+            NumpyStep(model, self.optimizer, cfg, self.group) if choose_learner_backend(cfg, model) == "numpy" else None
+        )
 
     def learning_rate(self, env_steps: int) -> float:
         lr = self.cfg.learner.learning_rate
@@ -48,6 +53,7 @@ class PPOTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate(env_steps)
         self.sums, self.ratio_range = {}, [math.inf, -math.inf]
+        self.train_policy = True
         if isinstance(batch, GroupBatch):
             stats = self._train_on_groups(batch, learner_version)
         else:
@@ -56,6 +62,7 @@ class PPOTrainer:
             warming_up = learner_version < self.cfg.learner.critic_warmup_batches
             for param in self.model.policy_parameters():
                 param.requires_grad_(not warming_up)
+            self.train_policy = not warming_up
             stats = self._train_with_critic(batch, learner_version, update_normalizers=not warming_up)
             stats["critic_warmup"] = float(warming_up)
         num_updates = self.cfg.learner.num_epochs * self.cfg.learner.num_batches_per_epoch
@@ -89,6 +96,8 @@ class PPOTrainer:
         # Targets that follow the critic as it learns: V-trace always, GAE with --recompute_advantages.
         per_epoch_targets = with_vtrace or self.cfg.advantage.recompute_advantages
         for epoch in range(cfg.num_epochs):
+            if per_epoch_targets:
+                self._end_numpy_steps()  # the targets come from the torch model
             if with_vtrace:
                 advantages, returns = self._vtrace_targets(batch, rewards, episode_ends)
             elif per_epoch_targets:
@@ -128,6 +137,7 @@ class PPOTrainer:
                     tuple(anchor[part] for anchor in shuffled_anchors),
                 )
 
+        self._end_numpy_steps()
         # The observation statistics move only after the update: during it the model sees its inputs as the acting
         # policy saw them, so an on-policy update starts at ratio 1 and its value anchors are the critic's own.
         if update_normalizers:
@@ -159,6 +169,7 @@ class PPOTrainer:
         for _ in range(cfg.num_epochs):
             for idx in torch.randperm(n, device=advantages.device).chunk(cfg.num_batches_per_epoch):
                 self._step({key: o[idx] for key, o in obs.items()}, actions[idx], old_log_probs[idx], advantages[idx])
+        self._end_numpy_steps()
         self.model.update_normalizers(obs, self.group.sum)
         lag = (learner_version - batch.versions[:n]).float()
         return {
@@ -178,6 +189,16 @@ class PPOTrainer:
     ) -> None:
         """One optimiser step on a minibatch. ``value_anchors``: the acting critic's values and the value targets,
         both in the critic's normalised units (None without a critic)."""
+        if self.numpy_step is not None:
+            if not self.numpy_step.active:
+                self.numpy_step.begin(self.optimizer.param_groups[0]["lr"], self.train_policy)
+            result = self.numpy_step(obs, actions, old_log_probs, advantages, value_anchors)
+            values = {name: getattr(result, name) for name in ("loss", "policy_loss", "value_loss", "entropy")}
+            self._add_step_stats(
+                {**values, "grad_norm": result.grad_norm, "nonfinite_steps": float(not result.finite)},
+                result.diagnostics,
+            )
+            return
         cfg = self.cfg.learner
         params, values = self.model(obs, in_critic_units=True)
         log_probs, entropy = self.model.log_prob_entropy(params, actions)
@@ -198,15 +219,26 @@ class PPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         losses.loss.backward()
         grad_norm = self._apply_gradients()
+        values = {
+            name: float(getattr(losses, name).detach()) for name in ("loss", "policy_loss", "value_loss", "entropy")
+        }
+        self._add_step_stats({**values, "grad_norm": grad_norm}, losses.diagnostics)
+
+    def _add_step_stats(self, values: dict[str, float], diagnostics: dict[str, float]) -> None:
+        """Add one minibatch step's losses and diagnostics to the update's sums (``train`` averages them)."""
         sums = self.sums
-        for name in ("loss", "policy_loss", "value_loss", "entropy"):
-            sums[name] = sums.get(name, 0.0) + float(getattr(losses, name).detach())
-        sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
-        diagnostics = dict(losses.diagnostics)
+        for name, value in values.items():
+            sums[name] = sums.get(name, 0.0) + value
+        diagnostics = dict(diagnostics)
         self.ratio_range[0] = min(self.ratio_range[0], diagnostics.pop("ratio_min"))
         self.ratio_range[1] = max(self.ratio_range[1], diagnostics.pop("ratio_max"))
         for name, value in diagnostics.items():
             sums[name] = sums.get(name, 0.0) + value
+
+    def _end_numpy_steps(self) -> None:
+        """Put the numpy steps' weights and Adam state back into the torch model before torch reads it."""
+        if self.numpy_step is not None:
+            self.numpy_step.end()
 
     def _apply_gradients(self) -> float:
         """Average the gradients over the ranks, clip them and step; the gradient norm before the clip. A step

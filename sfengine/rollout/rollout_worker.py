@@ -19,11 +19,11 @@ import time
 from collections import deque
 
 import numpy as np
-import torch
 from signal_slot.signal_slot import Timer, signal
 
 from sfengine.buffers import CARRIED_FIELDS, NO_ENV, SharedBuffers
 from sfengine.config import Config
+from sfengine.cpu_threads import set_cpu_threads
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext, EnvFactory, env_context
 from sfengine.evaluation.episode_queue import SINGLE_TASK, SharedEpisodeQueue
@@ -116,7 +116,7 @@ class RolloutWorker(Component):
     # ---------------------------------------------------------------- start-up
 
     def on_start(self) -> None:
-        torch.set_num_threads(1)
+        set_cpu_threads(1)
         cfg = self.cfg
         traj = self.buffers.trajectories
         self.traj = traj.numpy_views()

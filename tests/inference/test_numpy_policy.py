@@ -168,10 +168,17 @@ RATIO_RECORDING_SCRIPT = textwrap.dedent(
     import json
     import sys
 
-    from sfengine.learning import ppo_trainer
+    from sfengine.learning import numpy_step, ppo_trainer
     from sfengine.train import main
 
-    real_train, real_loss, first = ppo_trainer.PPOTrainer.train, ppo_trainer.ppo_loss, []
+    real_train, real_loss, real_step, first = (
+        ppo_trainer.PPOTrainer.train, ppo_trainer.ppo_loss, numpy_step.NumpyStep.__call__, []
+    )
+
+
+    def record(deviation):
+        with open({log!r}, "a") as f:
+            f.write(json.dumps(deviation) + "\\n")
 
 
     def train(self, *args, **kwargs):
@@ -179,15 +186,21 @@ RATIO_RECORDING_SCRIPT = textwrap.dedent(
         return real_train(self, *args, **kwargs)
 
 
-    def loss(log_probs, old_log_probs, *args, **kwargs):
+    def loss(log_probs, old_log_probs, *args, **kwargs):  # the torch learner's first minibatch of each batch
         if first and first.pop():
-            with open({log!r}, "a") as f:
-                f.write(json.dumps(float((log_probs - old_log_probs).detach().exp().sub(1).abs().max())) + "\\n")
+            record(float((log_probs - old_log_probs).detach().exp().sub(1).abs().max()))
         return real_loss(log_probs, old_log_probs, *args, **kwargs)
 
 
+    def step(self, *args, **kwargs):  # the numpy learner's: the ratio's range before the step
+        stats = real_step(self, *args, **kwargs)
+        if first and first.pop():
+            record(max(stats.diagnostics["ratio_max"] - 1, 1 - stats.diagnostics["ratio_min"]))
+        return stats
+
+
     # Top level: spawned processes import this module too, so the learner process records as well.
-    ppo_trainer.PPOTrainer.train, ppo_trainer.ppo_loss = train, loss
+    ppo_trainer.PPOTrainer.train, ppo_trainer.ppo_loss, numpy_step.NumpyStep.__call__ = train, loss, step
 
     if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
@@ -195,8 +208,8 @@ RATIO_RECORDING_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
-def test_a_synchronous_run_acts_with_the_learners_policy_at_every_batch(tmp_path, train_dir, backend):
+@pytest.mark.parametrize(("backend", "learner_backend"), [("numpy", "numpy"), ("torch", "torch"), ("numpy", "torch")])
+def test_a_synchronous_run_acts_with_the_learners_policy_at_every_batch(tmp_path, train_dir, backend, learner_backend):
     # Synchronous (policy lag 0): every batch was acted by the weights and observation statistics the learner holds
     # when it starts on it, so its first minibatch's ratio is 1 up to float32 rounding. The inference worker must
     # take every published version whole, the normaliser's statistics and the action std included.
@@ -215,6 +228,7 @@ def test_a_synchronous_run_acts_with_the_learners_policy_at_every_batch(tmp_path
         "--num_batches_per_epoch=2",
         "--train_for_env_steps=4096",
         f"--inference_backend={backend}",
+        f"--learner_backend={learner_backend}",
     )
     command[1:3] = [str(script)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)

@@ -27,7 +27,10 @@ BOOTSTRAP_OBS = 1000.0  # far from every real observation, so statistics that in
 
 
 def make_trainer(action_chunk: int = 1, **learner_options) -> PPOTrainer:
+    """The torch step (several tests spy on its loss and optimiser; tests/learning/test_numpy_step.py holds the numpy
+    step to it)."""
     cfg = Config()
+    cfg.learner.learner_backend = "torch"
     cfg.model.action_chunk = action_chunk
     cfg.learner.batch_size, cfg.learner.num_batches_per_epoch, cfg.learner.num_epochs = 32, 4, 3
     cfg.learner.learning_rate = 3e-3
