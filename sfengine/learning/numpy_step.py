@@ -32,7 +32,7 @@ from torch import nn
 
 from sfengine.config import Config, ConfigError
 from sfengine.distributed import LearnerGroup
-from sfengine.inference.numpy_policy import HALF_LOG_2PI
+from sfengine.inference.numpy_policy import HALF_LOG_2PI, NUMPY_ACTIVATIONS, numpy_unsupported_reason
 from sfengine.models.actor_critic import ActorCritic, is_critic_key
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, which the torch step uses
@@ -51,26 +51,20 @@ def choose_learner_backend(cfg: Config, model: ActorCritic) -> str:
 
 
 def numpy_learner_unsupported_reason(cfg: Config, model: ActorCritic) -> str | None:
-    """Why ``NumpyStep`` cannot train this model with this config, or None if it can."""
-    if cfg.flow_sar_on or model.flow_head is not None:
-        return "the flow head trains in torch"
-    if type(model) is not ActorCritic:
-        return f"a registered model ({type(model).__name__}) may compute its own way"
+    """Why ``NumpyStep`` cannot train this model with this config, or None if it can: what the numpy policy cannot
+    run, and what it runs but the step has no gradient for."""
+    if cfg.flow_sar_on:
+        return "FlowSAR trains in torch"
     if cfg.learner.device != "cpu":
         return f"the learner runs on --device={cfg.learner.device}"
+    if reason := numpy_unsupported_reason(model):
+        return reason
+    if type(model) is not ActorCritic:
+        return f"a registered model ({type(model).__name__}) may compute its own way"
     if cfg.policy_loss.clip_mode != "ppo_clip":
         return f"--clip_mode={cfg.policy_loss.clip_mode} runs in torch (numpy has ppo_clip)"
-    if model.image_keys:
-        return f"image observations ({', '.join(model.image_keys)}) need the CNN encoders, which run in torch"
     if model.state_dependent_std:
         return "a state-dependent log-std runs in torch"
-    for encoders in (model.encoders, model.value_encoders or {}):
-        for encoder in encoders.values():
-            for layer in encoder:
-                if not isinstance(layer, (nn.Linear, nn.Tanh, nn.ReLU)) and not (
-                    isinstance(layer, nn.ELU) and layer.alpha == 1.0
-                ):
-                    return f"its MLP has a {type(layer).__name__} layer"
     return None
 
 
@@ -79,26 +73,16 @@ class _Layer(NamedTuple):
     bias: np.ndarray
     grad_weight: np.ndarray
     grad_bias: np.ndarray
-    activation: str | None  # "tanh" | "relu" | "elu" | None (a head)
+    activation: type[nn.Module] | None  # nn.Tanh, nn.ReLU or nn.ELU; None for a head
 
 
-def _activate(name: str | None, x: np.ndarray) -> np.ndarray:
-    if name == "tanh":
-        return np.tanh(x, out=x)
-    if name == "relu":
-        return np.maximum(x, 0.0, out=x)
-    if name == "elu":
-        return np.where(x > 0.0, x, np.expm1(np.minimum(x, 0.0)))
-    return x
-
-
-def _activation_grad(name: str | None, y: np.ndarray, grad: np.ndarray) -> np.ndarray:
+def _activation_grad(activation: type[nn.Module] | None, y: np.ndarray, grad: np.ndarray) -> np.ndarray:
     """The gradient through an activation, from its output ``y``."""
-    if name == "tanh":
+    if activation is nn.Tanh:
         return grad * (1.0 - y * y)
-    if name == "relu":
+    if activation is nn.ReLU:
         return grad * (y > 0.0)
-    if name == "elu":
+    if activation is nn.ELU:
         return grad * np.where(y > 0.0, 1.0, y + 1.0)
     return grad
 
@@ -153,7 +137,7 @@ class NumpyStep:
             for i, (name, module) in enumerate(modules):
                 if isinstance(module, nn.Linear):
                     follows = modules[i + 1][1] if i + 1 < len(modules) else None
-                    activation = type(follows).__name__.lower() if follows is not None else None
+                    activation = type(follows) if follows is not None else None
                     out.append(
                         _Layer(
                             views[f"{name}.weight"],
@@ -254,7 +238,7 @@ class NumpyStep:
         for layer in layers:
             y = outputs[-1] @ layer.weight.T
             y += layer.bias
-            outputs.append(_activate(layer.activation, y))
+            outputs.append(y if layer.activation is None else NUMPY_ACTIVATIONS[layer.activation](y))
         return outputs
 
     @staticmethod
