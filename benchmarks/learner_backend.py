@@ -8,7 +8,7 @@ Two parts:
 - ``step``: ``PPOTrainer.train`` on a synthetic batch of each env's shapes with its preset's network and
   minibatch size, in this process on one thread, per backend: milliseconds per minibatch step (median of rounds).
 - ``runs``: ``python -m sfengine.train --cfg=<preset>`` for each seed, torch then numpy, each run's return (mean
-  of the last 100 episodes), wall time and FPS; the learner's share of its process from the run's status lines.
+  of the last 100 episodes), wall time and FPS.
 
 Results: ``<out>/summary.json`` and ``<out>/summary.md``, one file per run in ``<out>/<env>/``.
 """

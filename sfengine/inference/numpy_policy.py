@@ -84,6 +84,20 @@ def numpy_unsupported_reason(model: ActorCritic) -> str | None:
     return None
 
 
+def vector_inputs(
+    obs: dict[str, np.ndarray], keys: list[str], mean: np.ndarray | None, scale: np.ndarray | None, clip: float
+) -> np.ndarray:
+    """The model's vector input, as ``ActorCritic`` builds it: the keys side by side in float32, then normalised
+    (``(x - mean) * scale``, clipped to ``[-clip, clip]``) unless ``mean`` is None. A new array."""
+    parts = [obs[key] for key in keys]
+    x = (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)).astype(np.float32)
+    if mean is not None:
+        x -= mean
+        x *= scale
+        np.clip(x, -clip, clip, out=x)
+    return x
+
+
 class _MLP:
     """Linear and activation layers as (weight [out, in] view, bias view, activation) triples."""
 
@@ -152,13 +166,8 @@ class NumpyPolicy:
             self.std = np.exp(self.clipped_log_std)
 
     def _inputs(self, obs: dict[str, np.ndarray]) -> np.ndarray:
-        parts = [obs[key] for key in self.vector_keys]
-        x = (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)).astype(np.float32)
-        if self.obs_mean is not None:
-            x -= self.obs_mean
-            x *= self.obs_scale
-            np.clip(x, -self.obs_clip, self.obs_clip, out=x)
-        return x
+        scale = None if self.obs_mean is None else self.obs_scale
+        return vector_inputs(obs, self.vector_keys, self.obs_mean, scale, self.obs_clip)
 
     def values(self, obs: dict[str, np.ndarray]) -> np.ndarray:
         """The critic in return units, [N] float32 (0 for a critic-free model)."""
