@@ -12,7 +12,8 @@ the run would sit there, every other component waiting on it, forever. The runne
 A rollout worker writes, in shared memory, which env it is stepping and each env's (task, init state), so the
 error names the env even though the hung process can no longer say anything itself. Start-up is not watched
 (building LIBERO simulators can take minutes): a worker is watched from its first report, which it sends as
-soon as its start-up is over.
+soon as its start-up is over. While the run stops, a worker found hung is ended rather than respawned: training is
+over.
 
 The learner is silent whenever no batch is ready (a slow env), so silence says nothing about it: it marks in shared
 memory when each update or save begins and ends (``SharedBuffers.learner_clock``), and it is hung when one lasts
@@ -23,6 +24,7 @@ it wrote.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 from torch import Tensor
 
@@ -52,12 +54,13 @@ class HangWatch:
         """A respawned component is watched again from its first report, as at the start."""
         self.last_heard.pop(component, None)
 
-    def hung(self) -> str | None:
-        """The first watched component silent for longer than the timeout, or None."""
+    def hung(self, among: Collection[str] | None = None) -> str | None:
+        """The first watched component (of ``among``, if given) silent for longer than the timeout, or None."""
         if not self.timeout:
             return None
         now = time.monotonic()
-        return next((name for name, heard in self.last_heard.items() if now - heard > self.timeout), None)
+        silent = (name for name, heard in self.last_heard.items() if now - heard > self.timeout)
+        return next((name for name in silent if among is None or name in among), None)
 
     def learner_hung(self) -> str | None:
         """What the learner is stuck in, if it has been inside one update or save for longer than its own timeout:

@@ -104,6 +104,13 @@ def connect_components(runner: Runner, c: Components, num_inference_workers: int
         runner.stop.connect(component.on_stop)
 
 
+def print_stack(process: EngineProcess) -> None:
+    """Have a hung process print its own stack to stderr (SIGUSR1, see EngineProcess)."""
+    with contextlib.suppress(ProcessLookupError):  # it died meanwhile: nothing to print
+        os.kill(process.pid, os_signal.SIGUSR1)
+        time.sleep(0.5)  # the stack dump is written by the hung process itself
+
+
 def learner_line(clip_mode: str, learner: dict[str, float]) -> str:
     """The policy update's diagnostics for the status line: ``ppo_clip kl 0.0041 clipped 0.06 dead-grad 0.06
     ess 0.98 ratio 0.71-1.38``."""
@@ -282,11 +289,28 @@ class Runner(Component):
         children_done = all(not p.is_alive() for p in self.processes)
         if (self.processes and children_done) or (not self.processes and self.stats.final_learner_report):
             self.event_loop.stop()
+        elif self.hang_watch is not None and (hung := self._hung_while_stopping()):
+            self._end_hung_while_stopping(*hung)
         elif time.time() - self.stop_started > STOP_TIMEOUT_SEC:
-            log.error("components did not stop within %.0f s; terminating them", STOP_TIMEOUT_SEC)
-            self.exit_code = 1
-            terminate_processes(self.processes)
+            self._terminate_the_stragglers()
             self.event_loop.stop()
+
+    def _terminate_the_stragglers(self) -> None:
+        """Components still running STOP_TIMEOUT_SEC into the stop are terminated. Only the learner's failing to
+        stop costs anything (its final checkpoint), so only that changes the exit code: workers stuck in an env or
+        a device call, once training is over, do not make a finished run a failed one."""
+        stragglers = [p for p in self.processes if p.is_alive()]
+        names = ", ".join(p.name.removesuffix("_process") for p in stragglers)
+        learner = any(p.name == "learner_process" for p in stragglers)
+        log.error(
+            "components did not stop within %.0f s: %s; terminating them%s",
+            STOP_TIMEOUT_SEC,
+            names,
+            "; the learner's final checkpoint may be missing" if learner else "",
+        )
+        if learner:
+            self.exit_code = 1
+        terminate_processes(self.processes)
 
     def _dead(self, dead: list[EngineProcess]) -> None:
         """Respawn dead rollout and inference workers; any other death, or one past --max_respawns, stops the run."""
@@ -333,42 +357,61 @@ class Runner(Component):
         past --max_respawns, end it and stop the run: the others save a checkpoint and exit as usual."""
         process = next(p for p in self.processes if p.name == f"{component}_process")
         description = self.hang_watch.describe(component)
-        try:
-            os.kill(process.pid, os_signal.SIGUSR1)
-            time.sleep(0.5)  # the stack dump is written by the hung process itself
-        except ProcessLookupError:
-            pass  # it died meanwhile: nothing to print, the respawn or stop below still applies
+        print_stack(process)
         refusal = self._respawn_refusal(component)
         if refusal is None:
             log.error("%s (hung?); its stack is above; respawning it (--hang_timeout_sec)", description)
             self._respawn(process)
             return
         log.error("%s (hung?); its stack is above; %s; stopping the run (--hang_timeout_sec)", description, refusal)
+        self._end_hung_worker(process)
+        self.request_stop(f"hung: {component}", exit_code=1)
+
+    def _end_hung_worker(self, process: EngineProcess) -> None:
         ended = [process]
-        if component.startswith("inference_worker"):
+        if process.name.startswith("inference_worker"):
             # A process stopped or killed inside a queue operation holds that queue's lock for good (the queues'
             # mutexes are not robust), and an inference worker writes into the rollout workers' inboxes several
             # thousand times a second: a stop sent there could block the runner forever. Rollout workers have
             # nothing to save and nothing to do without actions, so they end with it; the learner saves as usual.
-            ended += [p for p in self.processes if p.name.startswith("rollout_worker_")]
+            ended += [p for p in self.processes if p.name.startswith("rollout_worker_") and p.is_alive()]
         for victim in ended:
             victim.kill()
             Component.abandoned_inboxes.append(victim.event_loop.signal_queue)
-        self.request_stop(f"hung: {component}", exit_code=1)
+            self.hang_watch.forget(victim.name.removesuffix("_process"))
 
     def _stop_hung_learner(self, description: str) -> None:
         """Print the stuck learner's stack, end it, and stop the run with exit code 1; the checkpoint to resume
         from is the last one it wrote before it hung."""
         process = next(p for p in self.processes if p.name == "learner_process")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, os_signal.SIGUSR1)
-            time.sleep(0.5)  # the stack dump is written by the stuck process itself
+        print_stack(process)
         saved = list_checkpoints(self.cfg.experiment_dir)
         kept = f"the last checkpoint is {saved[-1].name}" if saved else "no checkpoint was written yet"
         log.error("%s (hung?); its stack is above; stopping the run (--hang_timeout_sec); %s", description, kept)
         process.kill()
         Component.abandoned_inboxes.append(process.event_loop.signal_queue)
         self.request_stop("hung: learner", exit_code=1)
+        self.exit_code = 1  # also when it hung in the final save, after the stop had begun
+
+    def _hung_while_stopping(self) -> tuple[str, EngineProcess | None] | None:
+        """A worker still running but silent past --hang_timeout_sec, or a learner stuck in its final update or
+        save, while the run stops: (what it is stuck in, the worker's process or None for the learner)."""
+        if stuck := self.hang_watch.learner_hung():
+            return stuck, None
+        running = {p.name.removesuffix("_process"): p for p in self.processes if p.is_alive()}
+        component = self.hang_watch.hung(among=running)
+        return (self.hang_watch.describe(component), running[component]) if component else None
+
+    def _end_hung_while_stopping(self, description: str, process: EngineProcess | None) -> None:
+        """A component hung as the run stops is not waited for (STOP_TIMEOUT_SEC) nor respawned: its stack is
+        printed and it is ended. A worker's end costs the run nothing, training is over, so the exit code stays;
+        a learner's costs the final checkpoint, so the run exits with 1."""
+        if process is None:
+            self._stop_hung_learner(description)
+            return
+        print_stack(process)
+        log.error("%s (hung?); its stack is above; ending it, as the run is stopping (--hang_timeout_sec)", description)
+        self._end_hung_worker(process)
 
     def _status(self) -> None:
         if not self.leads:

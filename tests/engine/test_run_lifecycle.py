@@ -474,12 +474,16 @@ import time
 
 import gymnasium as gym
 
+import sfengine.runner
 from sfengine import register_env
 from sfengine.train import main
 from sfengine_envs.multitask_toy import make_multitask_toy
 
 
 HUNG_ONCE = __file__ + ".hung"
+HANG_STEP = int(os.environ.get("HANG_STEP", 3000))
+# A test of the stop's own time limit shortens it, as it cannot wait the minute a run gives its components.
+sfengine.runner.STOP_TIMEOUT_SEC = float(os.environ.get("STOP_TIMEOUT_SEC", sfengine.runner.STOP_TIMEOUT_SEC))
 
 
 def stuck_in_the_simulator():
@@ -487,8 +491,8 @@ def stuck_in_the_simulator():
 
 
 class HangsOnce(gym.Wrapper):
-    # Env 3 of rollout worker 1 hangs in its 3000th step, a few seconds into the run; once a run (the worker that
-    # replaces it does not).
+    # Env 3 of rollout worker 1 hangs in its HANG_STEP-th step, a few seconds into the run; once a run (the worker
+    # that replaces it does not).
 
     def __init__(self, env, ctx):
         super().__init__(env)
@@ -497,7 +501,7 @@ class HangsOnce(gym.Wrapper):
 
     def step(self, action):
         self.steps += 1
-        if self.hangs and self.steps == 3000 and not os.path.exists(HUNG_ONCE):
+        if self.hangs and self.steps == HANG_STEP and not os.path.exists(HUNG_ONCE):
             open(HUNG_ONCE, "w").close()
             stuck_in_the_simulator()
         return self.env.step(action)
@@ -530,22 +534,29 @@ if __name__ == "__main__":
 """
 
 
-def test_a_hung_env_is_named_with_its_stack_and_its_worker_respawned(tmp_path, train_dir):
-    script = tmp_path / "hangs.py"
-    script.write_text(HANGING_SCRIPT)
-    shm_before = shm_entries()
-    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=hang", *FAST[1:]]
-    # Enough steps that the other worker does not reach them alone within the 8 s of silence.
-    command += ["--env=hanging_toy", "--hang_timeout_sec=8", "--train_for_env_steps=200000"]
-    started = time.time()
-    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def run_to_the_end(command: list[str], **popen) -> tuple[str, list[psutil.Process]]:
+    """Run it to the end, expecting exit code 0: its stderr and the processes it had started."""
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
     children = []
     while not children and process.poll() is None:
         time.sleep(0.5)
         children = psutil.Process(process.pid).children(recursive=True)
     _, stderr = process.communicate(timeout=240)
     assert process.returncode == 0, stderr[-3000:]
-    assert time.time() - started < 180  # noticed after 8 s of silence, not left hanging
+    return stderr, children
+
+
+def test_a_hung_env_is_named_with_its_stack_and_its_worker_respawned(tmp_path, train_dir):
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGING_SCRIPT)
+    shm_before = shm_entries()
+    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=hang", *FAST[1:]]
+    # Enough steps that the other worker does not reach them alone within the 5 s of silence (it samples the toy
+    # at up to 20,000 a second; the hang comes at about 24,000).
+    command += ["--env=hanging_toy", "--hang_timeout_sec=5", "--train_for_env_steps=300000"]
+    started = time.time()
+    stderr, children = run_to_the_end(command)
+    assert time.time() - started < 180  # noticed after 5 s of silence, not left hanging
     # The error names the worker, the env and what it was playing; its stack shows where it is stuck.
     error = next(line for line in stderr.splitlines() if "sent no report" in line)
     assert "rollout_worker_1 sent no report" in error and "stuck in env 3 (split 1), task" in error, error
@@ -554,7 +565,39 @@ def test_a_hung_env_is_named_with_its_stack_and_its_worker_respawned(tmp_path, t
     assert "stuck_in_the_simulator" in stderr  # the hung process's own stack, printed by faulthandler
     summary = read_summary(train_dir, "hang")
     assert summary["respawns"] == {"rollout_worker_1": 1}
-    assert summary["env_steps"] >= 200000 and summary["exit_code"] == 0
+    assert summary["env_steps"] >= 300000 and summary["exit_code"] == 0
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()
+
+
+@pytest.mark.parametrize("watched", [True, False], ids=["hang_watch", "stop_timeout"])
+def test_a_worker_hung_when_training_ends_is_ended_and_the_run_exits_0(tmp_path, train_dir, watched):
+    # Env 3 of worker 1 hangs early (its 500th step, near 4,000 env steps in all) and the other worker reaches the
+    # 30,000 steps alone, well within the hang timeout: the stop finds worker 1 stuck. Training is over and saved,
+    # so the run must not fail for it: the hang watch ends it once silent for --hang_timeout_sec (its stack
+    # printed), or, with the watch off, the stop's time limit terminates it (shortened to 5 s here).
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGING_SCRIPT)
+    shm_before = shm_entries()
+    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=late", *FAST[1:]]
+    command += ["--env=hanging_toy", f"--hang_timeout_sec={12 if watched else 0}", "--train_for_env_steps=30000"]
+    # With the watch on, the stop keeps its minute: the watch, not the limit, must end the worker.
+    env = {**os.environ, "HANG_STEP": "500", "STOP_TIMEOUT_SEC": "60" if watched else "5"}
+    stderr, children = run_to_the_end(command, env=env)
+    stopping = stderr.index("stopping: reached")
+    if watched:
+        error = next(line for line in stderr.splitlines() if "sent no report" in line)
+        assert stderr.index(error) > stopping, "the hang was noticed before the stop: the test needs a later hang"
+        assert "rollout_worker_1 sent no report" in error and "stuck in env 3 (split 1)" in error, error
+        assert error.endswith("ending it, as the run is stopping (--hang_timeout_sec)"), error
+        assert "stuck_in_the_simulator" in stderr
+        assert "did not stop within" not in stderr
+    else:
+        assert "components did not stop within 5 s: rollout_worker_1; terminating them\n" in stderr, stderr[-3000:]
+    summary = read_summary(train_dir, "late")
+    assert summary["exit_code"] == 0 and summary["env_steps"] >= 30000
+    assert not summary.get("respawns"), summary  # a stopping run respawns nothing
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()
