@@ -113,10 +113,14 @@ def body_box(model, data, body_prefix: str, body_id: int) -> Box:
     rotation = data.xmat[body_id].reshape(3, 3)
     local = (points - data.xpos[body_id]) @ rotation
     extent = local.max(0) - local.min(0)
-    narrow, long = sorted(extent[:2])
+    # The footprint lies across the two body axes nearest the horizontal: an object's model may stand on its own
+    # x or y axis (LIBERO-Object's alphabet soup can stands on y, whose extent is its height).
+    up = int(np.argmax(np.abs(rotation[2])))
+    narrow_k, long_k = sorted((k for k in range(3) if k != up), key=lambda k: extent[k])
+    narrow, long = extent[narrow_k], extent[long_k]
     narrow_axis = None
     if long - narrow > 0.2 * long:
-        axis = rotation[:, 0] if extent[0] < extent[1] else rotation[:, 1]
+        axis = rotation[:, narrow_k]
         narrow_axis = axis[:2] / np.linalg.norm(axis[:2])
     return Box(points.min(0), points.max(0), narrow_axis, narrow, long)
 
