@@ -396,9 +396,10 @@ class Runner(Component):
     def _hung_while_stopping(self) -> tuple[str, EngineProcess | None] | None:
         """A worker still running but silent past --hang_timeout_sec, or a learner stuck in its final update or
         save, while the run stops: (what it is stuck in, the worker's process or None for the learner)."""
-        if stuck := self.hang_watch.learner_hung():
-            return stuck, None
         running = {p.name.removesuffix("_process"): p for p in self.processes if p.is_alive()}
+        # Only a running learner: one already ended keeps its clock's open update, and would be ended every tick.
+        if "learner" in running and (stuck := self.hang_watch.learner_hung()):
+            return stuck, None
         component = self.hang_watch.hung(among=running)
         return (self.hang_watch.describe(component), running[component]) if component else None
 
