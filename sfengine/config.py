@@ -67,7 +67,11 @@ class SamplerConfig:
     worker_num_splits: int = option(
         2, "groups of envs per worker; while one group waits for actions the other steps (double buffering)"
     )
-    num_inference_workers: int = option(1, "inference worker processes that batch requests from all rollout workers")
+    num_inference_workers: int = option(
+        1,
+        "inference worker processes that batch requests from all rollout workers; 0: each rollout worker runs the "
+        "policy itself (no inference process: for small CPU policies on slow envs with a core per rollout worker)",
+    )
     inference_dtype: str = option(
         "float32",
         "precision of the image (CNN) encoders in inference workers; bfloat16 cuts their CPU cost by about 40 "
@@ -702,9 +706,14 @@ def validate(cfg: Config) -> None:
     if hasattr(env_options, "validate"):
         env_options.validate(auto)
     s, lrn, run = cfg.sampler, cfg.learner, cfg.run
-    for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "num_inference_workers", "rollout"):
+    for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "rollout"):
         if getattr(s, name) < 1 and name not in auto:
             raise ConfigError(f"--{name}={getattr(s, name)} must be at least 1")
+    if s.num_inference_workers < 0:
+        raise ConfigError(
+            f"--num_inference_workers={s.num_inference_workers} is negative; use 0 for rollout workers that act "
+            "themselves, or 1 or more inference processes"
+        )
     for name in ("task_group_size", "curriculum_window"):
         if getattr(cfg.env, name) < 1:
             raise ConfigError(f"--{name}={getattr(cfg.env, name)} must be at least 1")

@@ -41,6 +41,14 @@ class EpisodeStats(NamedTuple):
     init_state: int = -1  # multi-task envs: the init state; single-task evaluation: the episode's seed
 
 
+class InferenceReport(NamedTuple):
+    worker: int
+    busy_sec: float
+    wall_sec: float
+    requests: int
+    batches: int
+
+
 class WorkerReport(NamedTuple):
     """rollout worker -> runner, about once a second."""
 
@@ -54,14 +62,7 @@ class WorkerReport(NamedTuple):
     env_resets: int = 0  # env.reset calls in this window
     env_reset_sec: float = 0.0  # the part of env_step_sec spent in env.reset
     finished: bool = False  # evaluation: every env found the episode set exhausted and ended its last episode
-
-
-class InferenceReport(NamedTuple):
-    worker: int
-    busy_sec: float
-    wall_sec: float
-    requests: int
-    batches: int
+    inference: InferenceReport | None = None  # --num_inference_workers=0: the worker's own acting in this window
 
 
 class LearnerReport(NamedTuple):

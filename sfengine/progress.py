@@ -39,7 +39,7 @@ def start_block(cfg: Config, resumed_env_steps: int = 0, world_size: int = 1) ->
     lines = [
         f"sfengine: PPO on {cfg.env.env} ({advantages}), {mode}",
         f"  layout: {s.num_workers} rollout workers x {s.num_envs_per_worker} envs ({s.worker_num_splits} splits), "
-        f"{s.num_inference_workers} inference worker{'s' if s.num_inference_workers > 1 else ''}, learner on "
+        f"{inference_layout(s.num_inference_workers)}, learner on "
         f"{lrn.device}{ranks}; {lrn.batch_size} x {lrn.num_batches_per_epoch} samples a batch, {lrn.num_epochs} epochs",
         f"  stops at {' or '.join(stops)}" + (f" (resumed at {resumed_env_steps:,})" if resumed_env_steps else ""),
         f"  files:  {cfg.experiment_dir} (config.json, checkpoints/, tensorboard/, summary.json)",
@@ -100,3 +100,9 @@ def end_summary(cfg: Config, summary: dict) -> str:
         f"evaluate: python -m sfengine.evaluate --train_dir={cfg.run.train_dir} --experiment={cfg.run.experiment}"
     )
     return "\n".join(lines)
+
+
+def inference_layout(num_inference_workers: int) -> str:
+    if num_inference_workers == 0:
+        return "each rollout worker acting itself"
+    return f"{num_inference_workers} inference worker{'s' if num_inference_workers > 1 else ''}"

@@ -4,7 +4,7 @@ Processes (multi-process mode):
 
     main process:     Runner (stats, status line, TensorBoard, stop conditions, summary.json)
     rollout_worker_k: RolloutWorker k            (num_workers processes)
-    inference_i:      InferenceWorker i          (num_inference_workers processes)
+    inference_i:      InferenceWorker i          (num_inference_workers processes; 0: each rollout worker acts)
     learner:          LearnerWorker + a thread running the Batcher's loop
 
 In serial mode every component lives on the runner's loop.
@@ -35,7 +35,8 @@ from sfengine.evaluation.report import EvalReport
 from sfengine.evaluation.training_evaluator import TrainingEvaluator
 from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
 from sfengine.hang_watch import HangWatch
-from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
+from sfengine.inference.inference_worker import InferenceWorker, connect_inference
+from sfengine.inference.policy_actor import own_policy
 from sfengine.learning.batcher import Batcher, buffers_released_signal
 from sfengine.learning.group_batcher import GroupBatcher
 from sfengine.learning.learner_worker import LearnerWorker
@@ -71,12 +72,10 @@ class Components:
     evaluator: TrainingEvaluator | None = None  # --eval_every_env_steps, rank 0 only
 
 
-def connect_components(runner: Runner, c: Components, num_inference_workers: int) -> None:
+def connect_components(runner: Runner, c: Components) -> None:
     """The whole data flow of the engine, in one place."""
+    connect_inference(c.workers, c.inference_workers)
     for w, worker in enumerate(c.workers):
-        inference = c.inference_workers[w % num_inference_workers]
-        worker.inference_request.connect(inference.on_inference_request)
-        inference.connect(policy_outputs_signal(w), worker.on_policy_outputs)
         worker.trajectories_ready.connect(c.batcher.on_trajectories_ready)
         c.batcher.connect(buffers_released_signal(w), worker.on_buffers_released)
         c.learner.policy_updated.connect(worker.on_policy_updated)
@@ -186,6 +185,8 @@ class Runner(Component):
         if self.respawner is not None:
             self.respawner.heard_from(f"rollout_worker_{report.worker}")
         self.stats.add_worker_report(report)
+        if report.inference is not None:
+            self.stats.add_inference_report(report.inference)
         if not self.leads and report.episodes:
             self.rank_episodes.emit(report.episodes)  # for rank 0's statistics, through the learners
 
@@ -506,7 +507,16 @@ def build_components(
     processes: list[EngineProcess] = []
     loop_for = component_loops(cfg.sampler.serial_mode, runner_loop, mp_context, processes)
     workers = [
-        RolloutWorker(loop_for(f"rollout_worker_{w}"), w, cfg, buffers, env_factory, action_spec, task_sequence)
+        RolloutWorker(
+            loop_for(f"rollout_worker_{w}"),
+            w,
+            cfg,
+            buffers,
+            env_factory,
+            action_spec,
+            task_sequence,
+            policy=own_policy(cfg, buffers, weights, obs_spec, action_spec, w),
+        )
         for w in range(cfg.sampler.num_workers)
     ]
     inference_workers = [
@@ -576,7 +586,7 @@ def run(
         task_sequence,
         tasks,
     )
-    connect_components(runner, components, cfg.sampler.num_inference_workers)
+    connect_components(runner, components)
     runner.processes = components.processes
     if not cfg.sampler.serial_mode:
         inboxes = [p.event_loop.signal_queue for p in components.processes]

@@ -43,6 +43,8 @@ def test_shipped_preset_found_by_name(tmp_path):
         (["--num_envs_per_worker=7", "--worker_num_splits=2"], "not divisible by --worker_num_splits"),
         (["--num_workers=-1"], "--num_workers=-1 must be at least 1"),
         (["--num_workers=0"], "--num_workers=0 must be at least 1"),  # 0 is not a spelling of auto
+        (["--num_inference_workers=-1"], "--num_inference_workers=-1 is negative; use 0 for rollout workers"),
+        (["--serial_mode=true", "--num_inference_workers=0"], "leave --num_inference_workers at 1"),
         (["--gamma=abc"], "--gamma='abc' is not a valid float"),
         (["--batch_size=1000", "--rollout=32"], "not a multiple of --rollout=32"),
         (["--cfg=no_such_preset"], "no such preset"),

@@ -26,7 +26,8 @@ from sfengine.evaluation.episode_queue import EvalEpisode, SharedEpisodeQueue
 from sfengine.evaluation.video import EvalOutput
 from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
 from sfengine.hang_watch import HangWatch
-from sfengine.inference.inference_worker import InferenceWorker, policy_outputs_signal
+from sfengine.inference.inference_worker import InferenceWorker, connect_inference
+from sfengine.inference.policy_actor import own_policy
 from sfengine.lifecycle import (
     STOP_TIMEOUT_SEC,
     component_loops,
@@ -116,10 +117,8 @@ class EvalRunner(Component):
 
 def connect_evaluation(runner: EvalRunner, workers: list, inference_workers: list) -> None:
     """The evaluation's data flow: the training graph without the batcher and the learner."""
-    for w, worker in enumerate(workers):
-        inference = inference_workers[w % len(inference_workers)]
-        worker.inference_request.connect(inference.on_inference_request)
-        inference.connect(policy_outputs_signal(w), worker.on_policy_outputs)
+    connect_inference(workers, inference_workers)
+    for worker in workers:
         worker.report.connect(runner.on_worker_report)
     for inference in inference_workers:
         inference.report.connect(runner.on_inference_report)
@@ -159,11 +158,21 @@ def run_evaluation(
     processes: list[EngineProcess] = []
     loop_for = component_loops(serial, runner_loop, mp_context, processes)
 
+    deterministic = cfg.eval.eval_deterministic
     workers = [
-        RolloutWorker(loop_for(f"rollout_worker_{w}"), w, cfg, buffers, env_factory, action_spec, queue, output)
+        RolloutWorker(
+            loop_for(f"rollout_worker_{w}"),
+            w,
+            cfg,
+            buffers,
+            env_factory,
+            action_spec,
+            queue,
+            output,
+            own_policy(cfg, buffers, weights, obs_spec, action_spec, w, deterministic),
+        )
         for w in range(cfg.sampler.num_workers)
     ]
-    deterministic = cfg.eval.eval_deterministic
     inference_workers = [
         InferenceWorker(
             loop_for(f"inference_worker_{i}"), i, cfg, buffers, weights, obs_spec, action_spec, deterministic

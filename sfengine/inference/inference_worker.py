@@ -1,36 +1,40 @@
 """Inference worker: one forward pass for every request that arrived together.
 
-    InferenceRequest(split_row) x k --> gather obs[buffer_ids, t] of the k splits --> policy --> write
-    actions, log-probs, values, policy version at [buffer_ids, t] --> policy_outputs_<worker>(split, request number)
+    InferenceRequest(split_row) x k --> PolicyActor.act(the k rows) --> policy_outputs_<worker>(split, request number)
 
-Requests carry only the split row; buffer ids and the step come from the shared SplitState. Before each batch
-the worker checks the shared policy version and pulls new weights when the learner has published some.
-
-The policy runs in numpy (``NumpyPolicy``) where it is MLPs over vector observations on CPU, and in torch
-otherwise (``--inference_backend``): at inference batch sizes torch's per-op overhead, not arithmetic, is the cost.
+Requests carry only the split row; buffer ids and the step come from the shared SplitState, and the actor writes
+its outputs at [buffer, t] (see sfengine.inference.policy_actor). With ``--num_inference_workers=0`` there is no
+inference worker: each rollout worker acts for its own splits with a PolicyActor of its own.
 """
 
 from __future__ import annotations
 
-import time
-
-import torch
 from signal_slot.signal_slot import Timer, signal
 
-from sfengine.algo.flow_sar import self_annotate
-from sfengine.buffers import ANNOTATION_FIELDS, POLICY_FIELDS, SharedBuffers, SharedWeights
+from sfengine.buffers import SharedBuffers, SharedWeights
 from sfengine.config import Config
 from sfengine.cpu_threads import set_cpu_threads
 from sfengine.event_loop import Component, stop_own_loop
-from sfengine.inference.numpy_policy import NumpyPolicy, choose_inference_backend
-from sfengine.messages import InferenceReport, InferenceRequest, PolicyOutputs
-from sfengine.models.actor_critic import ActorCritic
+from sfengine.inference.policy_actor import PolicyActor
+from sfengine.messages import InferenceRequest, PolicyOutputs
 from sfengine.spaces import ActionSpec, ObsSpec
 
 
 def policy_outputs_signal(worker: int) -> str:
     """Each rollout worker listens on its own signal, so it only receives its own splits."""
     return f"policy_outputs_{worker}"
+
+
+def connect_inference(workers: list, inference_workers: list) -> None:
+    """Rollout worker w asks inference worker w % len(inference_workers) and hears back on its own signal; with no
+    inference workers (--num_inference_workers=0) each rollout worker's requests come back to itself."""
+    for w, worker in enumerate(workers):
+        if not inference_workers:
+            worker.inference_request.connect(worker.on_own_request)
+            continue
+        inference = inference_workers[w % len(inference_workers)]
+        worker.inference_request.connect(inference.on_inference_request)
+        inference.connect(policy_outputs_signal(w), worker.on_policy_outputs)
 
 
 class InferenceWorker(Component):
@@ -46,9 +50,9 @@ class InferenceWorker(Component):
         deterministic: bool = False,
     ):
         super().__init__(event_loop, f"inference_worker_{index}")
-        self.index, self.cfg, self.buffers, self.weights = index, cfg, buffers, weights
-        self.obs_spec, self.action_spec = obs_spec, action_spec
-        self.deterministic = deterministic  # evaluation: the distribution's mode instead of a sample
+        self.index, self.cfg = index, cfg
+        seed = cfg.env.seed * 1_000_003 + index
+        self.actor = PolicyActor(cfg, buffers, weights, obs_spec, action_spec, seed, deterministic)
         self.pending: list[InferenceRequest] = []
         self.stopped = False
 
@@ -57,31 +61,8 @@ class InferenceWorker(Component):
 
     def on_start(self) -> None:
         set_cpu_threads(1)
-        self.device = torch.device(self.cfg.learner.device)
-        self.model = ActorCritic.for_config(self.cfg, self.obs_spec, self.action_spec).to(self.device)
-        self.model.for_inference(getattr(torch, self.cfg.sampler.inference_dtype)).eval()
-        # FlowSAR: the reference policy, pulled with the policy, self-annotates every step the policy acts.
-        self.reference = None
-        if self.cfg.flow_sar_on and self.weights.reference_tensors is not None and not self.deterministic:
-            self.reference = ActorCritic.for_config(self.cfg, self.obs_spec, self.action_spec).to(self.device).eval()
-        self.version = self.weights.pull(self.model, self.reference)
-        self.numpy_policy = None
-        if choose_inference_backend(self.cfg, self.model) == "numpy":
-            self.numpy_policy = NumpyPolicy(self.model, seed=self.cfg.env.seed * 1_000_003 + self.index)
+        self.actor.start()
         self.splits_per_worker = self.cfg.sampler.worker_num_splits
-        traj = self.buffers.trajectories
-        self.entries_per_buffer = self.cfg.sampler.rollout + 1
-        self.flat_obs = {key: t.flatten(0, 1) for key, t in traj.obs.items()}
-        # The per-batch bookkeeping goes through numpy views of the shared tensors: an index or a write costs
-        # about 1 us there against 3-20 us through torch's dispatcher, and a batch does a dozen of them.
-        self.flat_outputs_np = {name: getattr(traj, name).flatten(0, 1).numpy() for name in POLICY_FIELDS}
-        self.flat_obs_np = {key: t.numpy() for key, t in self.flat_obs.items()}
-        self.flat_annotations_np = {name: getattr(traj, name).flatten(0, 1).numpy() for name in ANNOTATION_FIELDS}
-        self.split_ids_np = self.buffers.splits.buffer_ids.numpy()
-        self.split_step_np = self.buffers.splits.step.numpy()
-        self.published_version_np = self.weights.version.numpy()
-        self.busy_sec, self.requests, self.batches = 0.0, 0, 0
-        self.window_start = time.perf_counter()
         self.event_loop.after_signals.append(self._run_pending)
         self.report_timer = Timer(self.event_loop, 1.0)
         self.report_timer.timeout.connect(self._send_report)
@@ -93,71 +74,17 @@ class InferenceWorker(Component):
     def _run_pending(self) -> None:
         if not self.pending or self.stopped:
             return
-        started = time.perf_counter()
         requests, self.pending = self.pending, []
-        if self.published_version_np[0] != self.version:
-            self.version = self.weights.pull(self.model, self.reference)
-            if self.numpy_policy is not None:
-                self.numpy_policy.refresh()
-        rows = [r.split_row for r in requests]
-        # Entry (buffer, t) of the trajectory storage, flattened: one gather and one write per field.
-        flat_np = (self.split_ids_np[rows] * self.entries_per_buffer + self.split_step_np[rows][:, None]).ravel()
-        truncated_rows = [r.split_row for r in requests if r.needs_final_values]
-        if self.numpy_policy is not None:
-            self._act_numpy(flat_np, truncated_rows)
-        else:
-            self._act_torch(flat_np, truncated_rows)
-        self.flat_outputs_np["versions"][flat_np] = self.version
+        self.actor.act([r.split_row for r in requests], [r.split_row for r in requests if r.needs_final_values])
         ready_by_worker: dict[int, list[tuple[PolicyOutputs]]] = {}
         for request in requests:
             worker, split = divmod(request.split_row, self.splits_per_worker)
             ready_by_worker.setdefault(worker, []).append((PolicyOutputs(split, request.request),))
         for worker, splits_ready in ready_by_worker.items():
             self.emit_many(policy_outputs_signal(worker), splits_ready)
-        self.busy_sec += time.perf_counter() - started
-        self.requests += len(requests)
-        self.batches += 1
-
-    def _act_torch(self, flat_np, truncated_rows: list[int]) -> None:
-        flat, out_fields, splits = torch.from_numpy(flat_np), self.flat_outputs_np, self.buffers.splits
-        with torch.inference_mode():
-            obs = {key: t.index_select(0, flat).to(self.device) for key, t in self.flat_obs.items()}
-            out = self.model.act(obs, self.deterministic)
-            out_fields["actions"][flat_np] = out.actions.cpu().numpy()
-            out_fields["log_probs"][flat_np] = out.log_probs.cpu().numpy()
-            out_fields["values"][flat_np] = out.values.cpu().numpy()
-            if self.reference is not None:
-                sar = self.cfg.flow_sar
-                annotation = self_annotate(
-                    self.reference, obs, out.actions, sar.flow_sar_tau_mid, sar.flow_sar_t_min, sar.flow_sar_t_max
-                )
-                for name, values in zip(ANNOTATION_FIELDS, annotation):
-                    self.flat_annotations_np[name][flat_np] = values.cpu().numpy()
-            if truncated_rows:
-                # Rare (episode ends by time limit): value the final observations of those splits' envs.
-                final = {key: t[truncated_rows].flatten(0, 1).to(self.device) for key, t in splits.final_obs.items()}
-                _, final_values = self.model(final)
-                splits.final_values[truncated_rows] = final_values.cpu().view(len(truncated_rows), -1)
-
-    def _act_numpy(self, flat_np, truncated_rows: list[int]) -> None:
-        out_fields, splits = self.flat_outputs_np, self.buffers.splits
-        out = self.numpy_policy.act({key: a[flat_np] for key, a in self.flat_obs_np.items()}, self.deterministic)
-        out_fields["actions"][flat_np] = out.actions
-        out_fields["log_probs"][flat_np] = out.log_probs
-        out_fields["values"][flat_np] = out.values
-        if truncated_rows:
-            final = {key: t[truncated_rows].flatten(0, 1).numpy() for key, t in splits.final_obs.items()}
-            splits.final_values[truncated_rows] = torch.from_numpy(self.numpy_policy.values(final)).view(
-                len(truncated_rows), -1
-            )
 
     def _send_report(self) -> None:
-        now = time.perf_counter()
-        self.report.emit(
-            InferenceReport(self.index, self.busy_sec, now - self.window_start, self.requests, self.batches)
-        )
-        self.busy_sec, self.requests, self.batches = 0.0, 0, 0
-        self.window_start = now
+        self.report.emit(self.actor.take_report(self.index))
 
     def on_stop(self) -> None:
         self.stopped = True

@@ -5,6 +5,10 @@
 
 While a split waits for the inference worker, the other split steps, so the CPU stays on the envs.
 
+With ``--num_inference_workers=0`` the worker acts itself: its requests come back to its own loop, and after each
+batch of signals one forward pass of its own PolicyActor serves every split that asked (no inference process,
+no wake-ups of one: for small CPU policies on slow simulators, when the machine has a core per rollout worker).
+
 Per step t of a split, the worker writes obs[t+1], rewards[t], terminated[t], truncated[t] into the split's
 trajectory buffers (shared memory) and sends an ``InferenceRequest`` naming only the split. The inference
 worker writes actions, log-probs, values and the policy version at [buffer, t]. After ``rollout`` steps the
@@ -29,6 +33,7 @@ from sfengine.env_registry import EnvContext, EnvFactory, env_context
 from sfengine.evaluation.episode_queue import SINGLE_TASK, SharedEpisodeQueue
 from sfengine.evaluation.video import EpisodeVideo, EvalOutput
 from sfengine.event_loop import Component, stop_own_loop
+from sfengine.inference.policy_actor import PolicyActor
 from sfengine.messages import (
     BuffersReleased,
     EpisodeStats,
@@ -80,6 +85,7 @@ class RolloutWorker(Component):
         action_spec: ActionSpec,
         task_sequence: SharedTaskSequence | SharedEpisodeQueue | None = None,
         evaluation: EvalOutput | None = None,
+        policy: PolicyActor | None = None,
     ):
         super().__init__(event_loop, f"rollout_worker_{worker}")
         self.worker, self.cfg, self.buffers = worker, cfg, buffers
@@ -89,6 +95,9 @@ class RolloutWorker(Component):
         self.task_sequence = task_sequence
         # Evaluation: nothing learns, so buffers are reused at once; envs stop when the set is exhausted.
         self.evaluation = evaluation
+        # --num_inference_workers=0: the policy this worker acts with itself, and the requests it has not served.
+        self.policy = policy
+        self.own_requests: list[InferenceRequest] = []
         self.splits: list[SplitRunner] = []
         self.free_ids: deque[int] = deque()  # filled at start, from SharedBuffers.lends
         self.lent: set[int] = set()  # buffers handed to the batcher and not given back yet
@@ -118,6 +127,9 @@ class RolloutWorker(Component):
     def on_start(self) -> None:
         set_cpu_threads(1)
         cfg = self.cfg
+        if self.policy is not None:
+            self.policy.start()
+            self.event_loop.after_signals.append(self._act_on_own_requests)
         traj = self.buffers.trajectories
         self.traj = traj.numpy_views()
         self.obs_np = {key: t.numpy() for key, t in traj.obs.items()}
@@ -202,6 +214,24 @@ class RolloutWorker(Component):
         for split in self.splits:
             if split.request != NO_REQUEST:
                 self.inference_request.emit(InferenceRequest(split.row, bool(split.truncated_envs), split.request))
+
+    def on_own_request(self, request: InferenceRequest) -> None:
+        """--num_inference_workers=0: a request of this worker's own, back through its inbox (so that signals from
+        the others are read between steps); served after the batch of signals, with every other split's."""
+        if self.stopped or not self.splits:
+            return  # not started: a respawned worker reads what its predecessor sent itself first
+        if request.request == self.splits[request.split_row % len(self.splits)].request:
+            self.own_requests.append(request)
+
+    def _act_on_own_requests(self) -> None:
+        if not self.own_requests or self.stopped:
+            return
+        started = time.perf_counter()
+        requests, self.own_requests = self.own_requests, []
+        self.policy.act([r.split_row for r in requests], [r.split_row for r in requests if r.needs_final_values])
+        self.busy_sec += time.perf_counter() - started
+        for request in requests:
+            self.on_policy_outputs(PolicyOutputs(request.split_row % len(self.splits), request.request))
 
     # ---------------------------------------------------------------- the hot path
 
@@ -468,6 +498,7 @@ class RolloutWorker(Component):
                 self.resets,
                 self.reset_sec,
                 finished,
+                self.policy.take_report(self.worker) if self.policy is not None else None,
             )
         )
         self.finished_episodes = []

@@ -88,10 +88,17 @@ def assert_nothing_left(processes: list[psutil.Process], shm_before: set[str]) -
     assert leaked_shm(shm_before) == set()
 
 
-@pytest.mark.parametrize("name", ["sfe-rollout-1", "sfe-inference-0"])
-def test_a_killed_worker_is_respawned_and_the_run_finishes_its_env_steps(train_dir, name):
+@pytest.mark.parametrize(
+    "name, layout",
+    [
+        ("sfe-rollout-1", "--num_inference_workers=1"),
+        ("sfe-inference-0", "--num_inference_workers=1"),
+        ("sfe-rollout-1", "--num_inference_workers=0"),  # a worker that acts itself: its successor acts too
+    ],
+)
+def test_a_killed_worker_is_respawned_and_the_run_finishes_its_env_steps(train_dir, name, layout):
     shm_before = shm_entries()
-    process = start_training(train_dir, "killed", "--train_for_env_steps=60000")
+    process = start_training(train_dir, "killed", "--train_for_env_steps=60000", layout)
     _, seen = kill_and_wait_for_successor(process, name)
     output = process.communicate(timeout=240)[0]
     assert process.returncode == 0, output[-3000:]

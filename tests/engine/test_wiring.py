@@ -27,7 +27,7 @@ def build(num_workers=3, num_inference_workers=2, serial=False):
     loop = EngineEventLoop("test_runner_loop", serial_mode=True)
     runner = Runner(loop, cfg, 0)
     c = build_components(cfg, loop, buffers, weights, make_gymnasium_env, obs, act, None, ctx)
-    connect_components(runner, c, num_inference_workers)
+    connect_components(runner, c)
     return runner, c
 
 
@@ -69,6 +69,21 @@ def test_multiprocess_mode_gives_every_component_its_own_process():
         + ["inference_worker_0_process", "inference_worker_1_process", "learner_process"]
     )
     assert c.batcher.event_loop is not c.learner.event_loop  # the batcher runs a loop of its own (a thread)
+
+
+def test_with_no_inference_workers_each_rollout_worker_acts_on_its_own_requests():
+    _, c = build(num_workers=2, num_inference_workers=0)
+    assert not c.inference_workers
+    assert sorted(p.name for p in c.processes) == [
+        "learner_process",
+        "rollout_worker_0_process",
+        "rollout_worker_1_process",
+    ]
+    for w, worker in enumerate(c.workers):
+        assert receivers(worker, "inference_request") == {worker.object_id}
+        assert worker.policy is not None and worker.policy.seed != c.workers[1 - w].policy.seed
+    _, c = build(num_workers=2, num_inference_workers=1)
+    assert all(worker.policy is None for worker in c.workers)
 
 
 def test_serial_mode_puts_everything_on_one_loop():

@@ -106,8 +106,9 @@ def test_single_task_env_runs_seeds_0_to_n_with_the_mode_reproducibly(cartpole_r
     rows = read_rows(eval_dir)
     assert sorted(int(r["init_state"]) for r in rows) == [0, 1, 2, 3, 4]
     assert {r["success"] for r in rows} == {""}  # CartPole reports no success: the column is empty
-    # The mode and the seeds fix every episode: another layout gives the same returns, seed by seed.
-    second = evaluate(*args[:-1], "--num_workers=1", "--num_envs_per_worker=2")
+    # The mode and the seeds fix every episode: another layout gives the same returns, seed by seed, also with the
+    # rollout worker acting itself (no inference process).
+    second = evaluate(*args[:-1], "--num_workers=1", "--num_envs_per_worker=2", "--num_inference_workers=0")
     assert second.returncode == 0, second.stderr[-3000:]
     assert {r["init_state"]: r["return"] for r in read_rows(eval_dir)} == {r["init_state"]: r["return"] for r in rows}
     assert "mean return" in first.stdout and str(eval_dir) in first.stdout

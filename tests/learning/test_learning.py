@@ -23,6 +23,8 @@ RLOO_STEPS = 60_000  # it crosses 0.9 near 50k steps (from 0.17 at random)
         pytest.param(["--serial_mode=false", "--async_rl=true"], id="async-multiprocess"),
         pytest.param(["--serial_mode=true"], id="serial"),
         pytest.param(["--serial_mode=false", "--advantage=vtrace"], id="async-vtrace"),
+        # No inference process: each rollout worker acts with its own copy, pulled as the learner publishes.
+        pytest.param(["--serial_mode=false", "--num_inference_workers=0"], id="workers-act"),
     ],
 )
 def test_cartpole_reaches_400_within_300k_steps(train_dir, mode):
