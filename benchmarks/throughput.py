@@ -19,6 +19,8 @@ start-up before the first env step, envs built and reset, is not counted in eith
               (--libero_fast_step=false); the limit row runs the env's default, the fast step.
     sampling  python -m sfengine.train --benchmark=true: the whole engine with the PPO update skipped.
     training  (with --with_training) the same run with the PPO update.
+    <row>_workers_act  (with --with_workers_acting) the sampling (and training) rows with
+              --num_inference_workers=0: each rollout worker runs the policy itself, no inference process.
     <row>@<ref>  (with --baseline_ref=<git revision>) the sampling (and training) rows run from a checkout of
               that revision, each just before its own row: the before/after figures of an engine change, taken
               side by side on the same machine state.
@@ -467,6 +469,11 @@ def main() -> None:
     parser.add_argument(
         "--with_stock_step", action="store_true", help="LIBERO: add the limit with --libero_fast_step=false"
     )
+    parser.add_argument(
+        "--with_workers_acting",
+        action="store_true",
+        help="add the engine rows with --num_inference_workers=0 (each rollout worker acts itself)",
+    )
     parser.add_argument("--with_diy", action="store_true", help="add the AsyncVectorEnv + PPO loop baseline row")
     parser.add_argument("--sf_python", default=None, help="add a Sample Factory 2.1.1 row: its venv's python")
     parser.add_argument(
@@ -500,19 +507,24 @@ def main() -> None:
             sources = {"": None}
             if args.baseline_ref is not None:
                 sources = {f"@{args.baseline_ref}": stack.enter_context(checkout_of(args.baseline_ref)), **sources}
+            layouts = {"": []}
+            if args.with_workers_acting:
+                layouts["_workers_act"] = ["--num_inference_workers=0"]
             engine_rows = [
-                (f"{name}{suffix}", benchmark, source)
+                (f"{name}{layout}{suffix}", benchmark, source, layout_args)
                 for name, benchmark in [("sampling", True), ("training", False)][: 2 if args.with_training else 1]
+                for layout, layout_args in layouts.items()
                 for suffix, source in sources.items()
             ]
-            runs: dict[str, list[dict]] = {row: [] for row in [*limits, *(row for row, _, _ in engine_rows)]}
+            runs: dict[str, list[dict]] = {row: [] for row in [*limits, *(row for row, *_ in engine_rows)]}
             # Every row once per repeat, limits included, so that each median sees the same drift of the machine.
             for _ in range(args.repeats):
                 for row, limit_cfg in limits.items():
                     runs[row].append(run_limit(limit_cfg, args.warmup, args.seconds))
                     print(f"{row}: {json.dumps(runs[row][-1])}", flush=True)
-                for row, benchmark, source in engine_rows:
-                    runs[row].append(run_engine(train_args, benchmark, args, train_dir, source=source))
+                for row, benchmark, source, layout_args in engine_rows:
+                    row_args = [*train_args, *layout_args]
+                    runs[row].append(run_engine(row_args, benchmark, args, train_dir, source=source))
                     print(f"{row}: {json.dumps(runs[row][-1])}", flush=True)
             rows = {row: median_run(measured) for row, measured in runs.items()}
         if args.sf_python:
