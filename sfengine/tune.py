@@ -113,7 +113,7 @@ def search(
         lambda b: [Layout(n, b.num_envs_per_worker, b.worker_num_splits, 1) for n in counts],
         lambda b: [Layout(b.num_workers, e, b.worker_num_splits, 1) for e in ENVS_PER_WORKER],
         lambda b: [Layout(b.num_workers, b.num_envs_per_worker, s, 1) for s in (1, 2, 4)],
-        lambda b: [Layout(b.num_workers, b.num_envs_per_worker, b.worker_num_splits, i) for i in (1, 2)],
+        lambda b: [Layout(b.num_workers, b.num_envs_per_worker, b.worker_num_splits, i) for i in (0, 1, 2)],
     ]
     planned = sum(len(counts) if i == 0 else 3 for i in range(len(stages)))
     seconds = max(budget_seconds / planned, 12.0)
