@@ -71,6 +71,7 @@ class SamplerConfig:
         1,
         "inference worker processes that batch requests from all rollout workers; 0: each rollout worker runs the "
         "policy itself (no inference process: for small CPU policies on slow envs with a core per rollout worker)",
+        auto=True,
     )
     inference_dtype: str = option(
         "float32",
@@ -709,7 +710,7 @@ def validate(cfg: Config) -> None:
     for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "rollout"):
         if getattr(s, name) < 1 and name not in auto:
             raise ConfigError(f"--{name}={getattr(s, name)} must be at least 1")
-    if s.num_inference_workers < 0:
+    if s.num_inference_workers < 0 and "num_inference_workers" not in auto:
         raise ConfigError(
             f"--num_inference_workers={s.num_inference_workers} is negative; use 0 for rollout workers that act "
             "themselves, or 1 or more inference processes"

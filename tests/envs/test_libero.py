@@ -12,6 +12,7 @@ from functools import cache
 
 import numpy as np
 import pytest
+import torch
 
 from helpers import make_env, read_summary, run_train, train_command
 
@@ -302,6 +303,7 @@ def test_libero_defaults_size_workers_and_simulator_caches_from_cores_and_memory
     assert auto_options(cfg) == [
         "num_workers",
         "num_envs_per_worker",
+        "num_inference_workers",
         "libero_sim_cache",
     ]  # configs/libero_spatial.yaml
     tasks = TaskInfo([f"t{i}" for i in range(10)], [50] * 10)
@@ -309,6 +311,34 @@ def test_libero_defaults_size_workers_and_simulator_caches_from_cores_and_memory
     assert cfg.sampler.num_workers == machine.cores
     assert cfg.sampler.num_envs_per_worker == envs_per_worker and cfg.get("libero_sim_cache") == sim_cache
     assert line.startswith("auto: ") and f"{machine.available_gb:.1f} GB available" in line
+
+
+@pytest.mark.parametrize(
+    "args, inference_workers",
+    [
+        ([], 0),  # state observations, an MLP on the CPU, a rollout worker on every core: the workers act
+        (["--libero_obs_mode=rgb"], 1),  # a CNN: an inference process batches it
+        (["--num_workers=1"], 1),  # a core left for an inference process
+        (["--num_inference_workers=2"], 2),  # given: kept
+    ],
+)
+def test_libero_rollout_workers_act_themselves_when_a_cpu_mlp_would_share_their_cores(
+    tmp_path, args, inference_workers
+):
+    cfg = parse_config(["--env=libero_object", f"--train_dir={tmp_path}", *args])
+    tasks = TaskInfo([f"t{i}" for i in range(10)], [50] * 10)
+    line = resolve_auto_options(cfg, env_sizer("libero_object"), tasks, Machine(cores=2, available_gb=23.0))
+    assert cfg.sampler.num_inference_workers == inference_workers
+    assert ("num_inference_workers=" in line) == ("--num_inference_workers=2" not in args)
+
+
+def test_libero_keeps_an_inference_process_for_a_policy_on_the_gpu(tmp_path, monkeypatch):
+    # The sizing alone: this machine has no GPU, so torch is told it has one.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = parse_config(["--env=libero_object", "--device=cuda", f"--train_dir={tmp_path}"])
+    tasks = TaskInfo([f"t{i}" for i in range(10)], [50] * 10)
+    resolve_auto_options(cfg, env_sizer("libero_object"), tasks, Machine(cores=2, available_gb=23.0))
+    assert cfg.sampler.num_inference_workers == 1
 
 
 FLAKY_LIBERO_SCRIPT = textwrap.dedent(
