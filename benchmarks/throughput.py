@@ -20,7 +20,8 @@ start-up before the first env step, envs built and reset, is not counted in eith
     sampling  python -m sfengine.train --benchmark=true: the whole engine with the PPO update skipped.
     training  (with --with_training) the same run with the PPO update.
     <row>_workers_act  (with --with_workers_acting) the sampling (and training) rows with
-              --num_inference_workers=0: each rollout worker runs the policy itself, no inference process.
+              --num_inference_workers=0: each rollout worker runs the policy itself, no inference process
+              (from the working tree only, not from a --baseline_ref).
     <row>@<ref>  (with --baseline_ref=<git revision>) the sampling (and training) rows run from a checkout of
               that revision, each just before its own row: the before/after figures of an engine change, taken
               side by side on the same machine state.
@@ -510,11 +511,13 @@ def main() -> None:
             layouts = {"": []}
             if args.with_workers_acting:
                 layouts["_workers_act"] = ["--num_inference_workers=0"]
+            # The workers acting are a layout of this tree only: a baseline revision may not know it.
             engine_rows = [
                 (f"{name}{layout}{suffix}", benchmark, source, layout_args)
                 for name, benchmark in [("sampling", True), ("training", False)][: 2 if args.with_training else 1]
                 for layout, layout_args in layouts.items()
                 for suffix, source in sources.items()
+                if not (layout and source)
             ]
             runs: dict[str, list[dict]] = {row: [] for row in [*limits, *(row for row, *_ in engine_rows)]}
             # Every row once per repeat, limits included, so that each median sees the same drift of the machine.

@@ -98,14 +98,16 @@ def assert_nothing_left(processes: list[psutil.Process], shm_before: set[str]) -
 )
 def test_a_killed_worker_is_respawned_and_the_run_finishes_its_env_steps(train_dir, name, layout):
     shm_before = shm_entries()
-    process = start_training(train_dir, "killed", "--train_for_env_steps=60000", layout)
+    # Long enough that the kill comes well before the end: acting workers reach 60,000 steps before the first
+    # status line with steps (the kill's cue) at the default reporting interval.
+    process = start_training(train_dir, "killed", "--train_for_env_steps=150000", "--report_every_sec=1", layout)
     _, seen = kill_and_wait_for_successor(process, name)
     output = process.communicate(timeout=240)[0]
     assert process.returncode == 0, output[-3000:]
     summary = read_summary(train_dir, "killed")
     expected = "rollout_worker_1" if "rollout" in name else "inference_worker_0"
     assert summary["respawns"] == {expected: 1}
-    assert summary["env_steps"] >= 60000 and summary["stop_reason"].startswith("reached")
+    assert summary["env_steps"] >= 150000 and summary["stop_reason"].startswith("reached")
     assert f"{expected} died (exit code -9); respawning it" in output
     assert summary["respawn_seconds_lost"] > 0
     if "rollout" in name:

@@ -28,7 +28,7 @@ def started_worker(lent_before_start: tuple[int, ...] = ()):
     weights = SharedWeights.allocate(ActorCritic(obs, act, cfg.model))
     loop = EngineEventLoop("test_loop", serial_mode=True)
     c = build_components(cfg, loop, buffers, weights, make_gymnasium_env, obs, act, None, multiprocessing)
-    connect_components(Runner(loop, cfg, 0), c, 1)
+    connect_components(Runner(loop, cfg, 0), c)
     worker = c.workers[0]
     worker.on_start()
     return worker, buffers
