@@ -156,6 +156,12 @@ class AdvantageConfig:
     dynamic_sampling: bool = option(
         False, "rloo/grpo: drop groups whose outcomes are all equal (they carry no signal); counted and reported"
     )
+    group_loss_weighting: str = option(
+        "step",
+        "rloo/grpo: how a group's episodes weigh in the loss: step (every step alike, so an episode that ran to the "
+        "time limit outweighs a short success) or episode (every episode alike, whatever its length)",
+        ("step", "episode"),
+    )
     recompute_advantages: bool = option(
         False,
         "gae: recompute the values, advantages and value targets with the learner's current critic before every "
@@ -819,6 +825,11 @@ def _validate_advantage(cfg: Config) -> None:
         raise ConfigError(
             f"--advantage={advantage} compares the episodes of a group with each other, and --task_group_size="
             f"{cfg.env.task_group_size} makes groups of one: use --task_group_size=2 or more (e.g. 8)"
+        )
+    if cfg.advantage.group_loss_weighting != "step" and not cfg.advantage.critic_free:
+        raise ConfigError(
+            f"--group_loss_weighting={cfg.advantage.group_loss_weighting} weighs the episodes of a group, and "
+            f"--advantage={advantage} has no groups: use --advantage=rloo or grpo, or drop the option"
         )
 
 

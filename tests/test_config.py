@@ -68,6 +68,7 @@ def test_shipped_preset_found_by_name(tmp_path):
         (["--advantage=reinforce"], "--advantage='reinforce' is not one of gae, vtrace, rloo, grpo"),
         (["--advantage=rloo"], "--task_group_size=1 makes groups of one: use --task_group_size=2 or more"),
         (["--advantage=grpo", "--task_group_size=4", "--async_rl=false"], "use --async_rl=true"),
+        (["--group_loss_weighting=episode"], "--advantage=gae has no groups: use --advantage=rloo or grpo"),
         (["--sapo_tau_neg=0"], "--sapo_tau_neg=0.0 must be positive"),
         (["--cispo_eps_low=1.5"], "--cispo_eps_low=1.5 must be in [0, 1]"),
         (["--ce_gppo_dual_clip=0.9"], "--ce_gppo_dual_clip=0.9 must be above 1"),

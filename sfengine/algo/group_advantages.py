@@ -52,6 +52,17 @@ def grpo(outcomes: Tensor) -> Tensor:
     return (outcomes - mean) / (std + GRPO_EPS)
 
 
+@torch.no_grad()
+def episode_step_weights(episodes: Tensor) -> Tensor:
+    """[steps] episode index of each step -> [steps] weights under which every episode weighs the same in a
+    step-averaged loss, whatever its length: ``num_steps / (num_episodes * len(own episode))``, mean 1.
+
+    Step-averaged, a 280-step failure that ran to the time limit weighs twice a 140-step success, so a group with
+    zero net advantage per episode still pushes away from its failures."""
+    _, inverse, lengths = torch.unique(episodes, return_inverse=True, return_counts=True)
+    return len(episodes) / (len(lengths) * lengths[inverse].to(torch.float32))
+
+
 def uniform_groups(outcomes: Tensor) -> Tensor:
     """[groups] bool: the groups whose outcomes are all equal (no signal)."""
     return (outcomes == outcomes[:, :1]).all(dim=1)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from sfengine.algo import SurrogateParams, explained_variance, gae, normalize_advantages, ppo_loss, vtrace
-from sfengine.algo.group_advantages import GROUP_ADVANTAGES
+from sfengine.algo.group_advantages import GROUP_ADVANTAGES, episode_step_weights
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
 from sfengine.distributed import LearnerGroup, RankInfo
@@ -164,6 +164,8 @@ class PPOTrainer:
         outcomes = batch.outcomes[: batch.num_groups]
         episode_advantages = GROUP_ADVANTAGES[self.cfg.advantage.advantage](outcomes)
         advantages = episode_advantages.reshape(-1)[batch.episodes[:n]]
+        if self.cfg.advantage.group_loss_weighting == "episode":
+            advantages = advantages * episode_step_weights(batch.episodes[:n])
         obs = {key: o[:n] for key, o in batch.obs.items()}
         actions, old_log_probs = batch.actions[:n], batch.log_probs[:n]
         for _ in range(cfg.num_epochs):

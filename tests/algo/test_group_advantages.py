@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sfengine.algo.group_advantages import GROUP_ADVANTAGES, grpo, rloo, uniform_groups
+from sfengine.algo.group_advantages import GROUP_ADVANTAGES, episode_step_weights, grpo, rloo, uniform_groups
 
 
 def test_rloo_subtracts_the_mean_of_the_other_episodes():
@@ -41,3 +41,12 @@ def test_groups_of_one_episode_are_refused(shape):
 
 def test_the_estimators_are_registered_by_name():
     assert GROUP_ADVANTAGES["rloo"] is rloo and GROUP_ADVANTAGES["grpo"] is grpo
+
+
+def test_episode_weights_give_every_episode_the_same_total_weight_whatever_its_length():
+    # Episodes 0 (2 steps), 1 (6 steps) and 2 (4 steps), their steps interleaved as a shuffled batch holds them.
+    episodes = torch.tensor([1, 0, 1, 2, 1, 1, 2, 0, 1, 2, 2, 1])
+    weights = episode_step_weights(episodes)
+    totals = torch.zeros(3).index_add_(0, episodes, weights)
+    torch.testing.assert_close(totals, torch.full((3,), 4.0))  # 12 steps / 3 episodes
+    torch.testing.assert_close(weights.mean(), torch.tensor(1.0))

@@ -15,6 +15,7 @@ from sfengine.algo import gae
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
 from sfengine.learning import ppo_trainer
+from sfengine.learning.group_batcher import GroupBatch
 from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
@@ -272,3 +273,29 @@ def test_recompute_advantages_takes_values_and_targets_from_the_current_critic_e
         expected = trainer.model.normalized_values(returns.reshape(-1))
         assert torch.allclose(epoch_targets.sort().values, expected.sort().values, atol=1e-5), epoch
     assert not torch.allclose(gae_calls[0][0], gae_calls[-1][0], atol=1e-3)  # the critic moved between epochs
+
+
+@pytest.mark.parametrize("weighting, net_push", [("step", -4.0), ("episode", 0.0)])
+def test_group_loss_weighting_episode_weighs_a_long_failure_like_a_short_success(monkeypatch, weighting, net_push):
+    # One RLOO group of two episodes: a 2-step success (A = +1) and a 6-step failure that ran to the time limit
+    # (A = -1). Step-averaged, the failure's six steps outweigh the success; weighed by episode they cancel.
+    cfg = make_trainer().cfg
+    cfg.advantage.advantage, cfg.advantage.group_loss_weighting, cfg.env.task_group_size = "rloo", weighting, 2
+    cfg.learner.num_epochs, cfg.learner.num_batches_per_epoch = 1, 1
+    trainer = PPOTrainer(ActorCritic(OBS_SPEC, ACTION_SPEC, cfg.model), cfg)
+    batch = GroupBatch.allocate(16, 2, OBS_SPEC, ACTION_SPEC)
+    batch.num_steps, batch.num_groups = 8, 1
+    batch.episodes[:8] = torch.tensor([0, 1, 1, 0, 1, 1, 1, 1])
+    batch.outcomes[0] = torch.tensor([1.0, 0.0])
+    batch.log_probs[:8] = math.log(0.5)
+    advantages = []
+    real_loss = ppo_trainer.ppo_loss
+
+    def recording_loss(log_probs, old_log_probs, minibatch_advantages, *args, **kwargs):
+        advantages.append(minibatch_advantages.clone())
+        return real_loss(log_probs, old_log_probs, minibatch_advantages, *args, **kwargs)
+
+    monkeypatch.setattr(ppo_trainer, "ppo_loss", recording_loss)
+    trainer.train(batch, LEARNER_VERSION, env_steps=0)
+    (seen,) = advantages
+    assert float(seen.sum()) == pytest.approx(net_push, abs=1e-5)
