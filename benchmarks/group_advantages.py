@@ -9,7 +9,8 @@ init state) by their success:
 - ``ppo_gae``: PPO with a critic and GAE (the defaults);
 - ``rloo``: ``--advantage=rloo``, no critic;
 - ``grpo``: ``--advantage=grpo``, no critic;
-- ``rloo_dynamic``: rloo with ``--dynamic_sampling`` (groups whose episodes all succeed or all fail are dropped).
+- ``rloo_dynamic``: rloo with ``--dynamic_sampling`` (groups whose episodes all succeed or all fail are dropped);
+- ``rloo_episode``: rloo with ``--group_loss_weighting=episode`` (every episode weighs the same, whatever its length).
 
 Each run leaves ``<out>/<variant>_seed<k>.json`` (its success curve from TensorBoard, and the learner's time per
 env step). The summary (``<out>/summary.{json,md}``) gives, per variant, the final success rate over seeds, the env
@@ -38,8 +39,15 @@ VARIANTS = {
     "rloo": ["--advantage=rloo", *GROUP],
     "grpo": ["--advantage=grpo", *GROUP],
     "rloo_dynamic": ["--advantage=rloo", "--dynamic_sampling=true", *GROUP],
+    "rloo_episode": ["--advantage=rloo", "--group_loss_weighting=episode", *GROUP],
 }
-COLORS = {"ppo_gae": "tab:blue", "rloo": "tab:orange", "grpo": "tab:green", "rloo_dynamic": "tab:red"}
+COLORS = {
+    "ppo_gae": "tab:blue",
+    "rloo": "tab:orange",
+    "grpo": "tab:green",
+    "rloo_dynamic": "tab:red",
+    "rloo_episode": "tab:purple",
+}
 SUCCESS_TAG = "episodes/success_rate"
 
 

@@ -12,7 +12,8 @@ resumes; ``--fresh`` starts over):
     sfengine.evaluate   both clones, on every (task, init state) of the chosen tasks (--eval_init_states: the first N)
     sfengine.train      from a clone (--init_from), each method for --env_steps:
                           ppo       Gaussian head, PPO with a critic warmed up alone first (--critic_warmup_batches)
-                          rloo      Gaussian head, critic-free RLOO over groups of G = 8 episodes of one init state
+                          rloo      Gaussian head, critic-free RLOO over groups of G = 8 episodes of one init state,
+                                    every episode weighing the same (--group_loss_weighting=episode)
                           flow_sar  flow head, FlowSAR (configs/flow_sar.yaml) in groups of 8
     sfengine.evaluate   each fine-tuned policy, on the same pairs as its clone
 
@@ -58,6 +59,9 @@ METHOD_OPTIONS = {
         "--num_batches_per_epoch=4",
         # 1e-5 gained 1.3 points in 100k steps; 5e-5 swung (23-42% of the samples clipped) and lost 5.3.
         "--learning_rate=2e-5",
+        # A failure runs to the 280-step limit, a success ends near half that: weighed by step, every group with
+        # mixed outcomes pushed the clone away from its failures more than toward its successes.
+        "--group_loss_weighting=episode",
     ],
     "flow_sar": [
         "--cfg=flow_sar",
