@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -278,6 +279,10 @@ def write_report(path: Path, reports: list[TaskReport], options: DemosOptions, s
     return report_path
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser("python -m sfengine.demos", DEMOS_HELP)
@@ -291,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sfengine.demos: error: {exc}", file=sys.stderr)
         return 2
     started = time.time()
+    # A SIGTERM (a job scheduler, `timeout`) stops the recording as Ctrl-C does: the pool ends and the scratch
+    # folder of partial shards is removed on the way out.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         output, reports = record(cfg, options)
     except ConfigError as exc:
@@ -299,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sfengine.demos: interrupted; nothing written", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if output is None:
         print("sfengine.demos: no episode succeeded; nothing written", file=sys.stderr)
         return 1

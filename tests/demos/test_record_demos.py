@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -63,6 +65,31 @@ def test_failed_episodes_are_counted_and_left_out(tmp_path):
     for task in report["tasks"]:  # a demo's init state is one its task tried and did not fail from
         kept = [d.init_state for d in demos if d.task == task["task"]]
         assert not set(kept) & set(task["failed_init_states"])
+
+
+def test_a_recording_stopped_by_sigterm_leaves_no_scratch_folder_no_file_and_no_process(tmp_path):
+    output = tmp_path / "stopped.hdf5"
+    command = [sys.executable, "-m", "sfengine.demos", f"--train_dir={tmp_path}", "--env=multitask_reach"]
+    command += ["--demos_per_task=100000", "--num_workers=2", f"--demos_output={output}"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    # The pool records into shards in a scratch folder beside the output: stop it once the shards are being written.
+    while not list(tmp_path.glob(".demos_*/job_*.hdf5")) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.1)
+    assert list(tmp_path.glob(".demos_*/job_*.hdf5")), "the recording never started its shards"
+    children = [
+        int(pid)
+        for pid in subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+    ]
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1, stderr
+    assert "interrupted; nothing written" in stderr
+    assert not list(tmp_path.glob(".demos_*")) and not output.exists()
+    assert children
+    while [pid for pid in children if os.path.exists(f"/proc/{pid}")] and time.monotonic() < deadline:
+        time.sleep(0.1)  # the pool's processes end as their parent's pipes close
+    assert not [pid for pid in children if os.path.exists(f"/proc/{pid}")]
 
 
 def test_bad_demo_requests_are_one_line_errors(tmp_path):
