@@ -81,7 +81,8 @@ class EvalRunner(Component):
             if all(not p.is_alive() for p in self.processes):
                 self.event_loop.stop()
             elif time.time() - self.stopping_since > STOP_TIMEOUT_SEC:
-                log.error("components did not stop within %.0f s; terminating them", STOP_TIMEOUT_SEC)
+                stragglers = ", ".join(p.name.removesuffix("_process") for p in self.processes if p.is_alive())
+                log.error("components did not stop within %.0f s: %s; terminating them", STOP_TIMEOUT_SEC, stragglers)
                 terminate_processes(self.processes)
                 self.event_loop.stop()
             return
