@@ -165,6 +165,7 @@ def plot(table: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     tasks = list(per_task(table["clones"]["bc_gaussian"]))
@@ -187,6 +188,7 @@ def plot(table: dict, path: Path) -> None:
     bars.legend(fontsize=8)
     for method, row in table["methods"].items():
         curves.plot(row["curve"]["env_steps"], row["curve"]["success"], label=method, color=COLORS[method])
+    curves.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda steps, _: f"{steps / 1000:.0f}k"))
     curves.set_xlabel("env steps")
     curves.set_ylabel("training success rate (sampled)")
     curves.legend(fontsize=8)
