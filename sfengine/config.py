@@ -332,8 +332,9 @@ class RunConfig:
     init_from: str = option(
         "",
         "start from the weights and observation statistics of an experiment in --train_dir (its latest checkpoint) "
-        "or of a checkpoint file, e.g. a sfengine.pretrain run; the optimiser, step count, return statistics and "
-        "task sequence start fresh. An experiment that resumes from a checkpoint of its own ignores it",
+        "or of a checkpoint file, e.g. a sfengine.pretrain run; the network options come from that run's config.json; "
+        "the optimiser, step count, return statistics and task sequence start fresh. An experiment that resumes "
+        "from a checkpoint of its own ignores it",
     )
 
 
@@ -931,6 +932,9 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
         env_defaults = env_defaults_preset(cfg.env.env)
         if env_defaults is not None:
             layers.insert(0, (load_preset(str(env_defaults)), str(env_defaults)))
+        if inherited := init_from_model_options(cfg.run.init_from, cfg.run.train_dir):
+            # Above the env's defaults, below --cfg and the command line: the network the weights were trained in.
+            layers.insert(1 if env_defaults is not None else 0, inherited)
         given = layers
     cfg = _layered(layers)
     table, own_group = option_table(), ENV_OPTION_GROUP_OF.get(cfg.env.env)
@@ -943,6 +947,37 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
                 )
     validate(cfg)
     return cfg
+
+
+# What the weights of an --init_from checkpoint fit: a fine-tuning run takes these from the checkpoint's own run.
+ARCHITECTURE_OPTIONS = (
+    "model",
+    "hidden_sizes",
+    "activation",
+    "normalize_input",
+    "continuous_log_std",
+    "actor_critic",
+    "policy_head",
+    "flow_steps",
+    "flow_hidden_sizes",
+    "action_chunk",
+)
+
+
+def init_from_model_options(source: str, train_dir: str) -> tuple[dict[str, Any], str] | None:
+    """The architecture options (``ARCHITECTURE_OPTIONS``) of the run that wrote ``--init_from``'s checkpoint, and
+    the config file they come from; None where there is no such file (a checkpoint moved out of its run)."""
+    if not source:
+        return None
+    path = Path(source)
+    if path.is_file():
+        saved = path.parent.parent / "config.json"  # <experiment>/checkpoints/<file>
+    else:
+        saved = (path if path.is_dir() else Path(train_dir) / source) / "config.json"
+    if not saved.is_file():
+        return None
+    flat = load_saved_config(saved)
+    return {name: flat[name] for name in ARCHITECTURE_OPTIONS if name in flat}, f"{saved} (--init_from's run)"
 
 
 def _layered(layers: list[tuple[dict[str, Any], str]]) -> Config:

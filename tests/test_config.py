@@ -165,6 +165,24 @@ def test_a_config_saved_before_the_advantage_option_resumes_with_the_same_estima
     assert parse_config([f"--train_dir={tmp_path}"]).advantage.advantage == "vtrace"
 
 
+@pytest.mark.parametrize("reference", ["name", "directory", "checkpoint file"])
+def test_a_run_from_init_from_builds_the_network_its_weights_were_trained_in(tmp_path, reference):
+    # A clone trained on 32-32 ReLU layers: fine-tuning it names neither, yet builds that network.
+    clone = parse_config(
+        ["--env=sparse_reach", "--activation=relu", "--hidden_sizes=32,32", "--learning_rate=0.1", "--experiment=bc"]
+        + [f"--train_dir={tmp_path}"]
+    )
+    (tmp_path / "bc" / "checkpoints").mkdir(parents=True)
+    save_config(clone, tmp_path / "bc" / "config.json")
+    (tmp_path / "bc/checkpoints/c.pt").touch()
+    source = {"name": "bc", "directory": tmp_path / "bc", "checkpoint file": tmp_path / "bc/checkpoints/c.pt"}
+    args = ["--env=sparse_reach", f"--init_from={source[reference]}", "--experiment=tune", f"--train_dir={tmp_path}"]
+    tuned = parse_config(args)
+    assert tuned.model.activation == "relu" and tuned.model.hidden_sizes == clone.model.hidden_sizes
+    assert tuned.learner.learning_rate == Config().learner.learning_rate  # only the network's options carry over
+    assert parse_config([*args, "--hidden_sizes=64,64"]).model.hidden_sizes != clone.model.hidden_sizes  # CLI wins
+
+
 def test_env_options_that_clash_with_existing_ones_are_refused_at_registration():
     @dataclass
     class Clashing:
