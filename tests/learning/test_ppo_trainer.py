@@ -299,3 +299,42 @@ def test_group_loss_weighting_episode_weighs_a_long_failure_like_a_short_success
     trainer.train(batch, LEARNER_VERSION, env_steps=0)
     (seen,) = advantages
     assert float(seen.sum()) == pytest.approx(net_push, abs=1e-5)
+
+
+def group_batch_of_one_group(outcomes: tuple[float, ...], actions: list[int]) -> GroupBatch:
+    """One group of ``len(outcomes)`` one-step episodes; episode i took ``actions[i]`` from the same observation."""
+    batch = GroupBatch.allocate(16, len(outcomes), OBS_SPEC, ACTION_SPEC)
+    batch.num_steps, batch.num_groups = len(outcomes), 1
+    batch.obs["obs"][: len(outcomes)] = torch.tensor([5.0, 3.0, 7.0])
+    batch.episodes[: len(outcomes)] = torch.arange(len(outcomes))
+    batch.actions[: len(outcomes)] = torch.tensor(actions, dtype=batch.actions.dtype)
+    batch.outcomes[0] = torch.tensor(outcomes)
+    batch.log_probs[: len(outcomes)] = math.log(0.5)
+    return batch
+
+
+@pytest.mark.parametrize("coeff", [0.0, 1.0])
+def test_self_imitation_keeps_the_successes_and_learns_them_where_the_group_has_no_advantage(coeff):
+    # A group that succeeded every time has no advantage: RLOO alone leaves the policy as it is, while self-imitation
+    # replays the successful actions (arm 0) and raises their probability.
+    cfg = make_trainer().cfg
+    cfg.advantage.advantage, cfg.advantage.group_outcome, cfg.env.task_group_size = "rloo", "success", 4
+    cfg.self_imitation.self_imitation_coeff, cfg.learner.entropy_coeff = coeff, 0.0
+    trainer = PPOTrainer(ActorCritic(OBS_SPEC, ACTION_SPEC, cfg.model), cfg)
+    probe = {"obs": torch.tensor([[5.0, 3.0, 7.0]])}
+
+    def arm_zero() -> float:
+        with torch.no_grad():
+            return float(torch.softmax(trainer.model(probe)[0], -1)[0, 0])
+
+    before, weights = arm_zero(), [p.detach().clone() for p in trainer.model.policy_parameters()]
+    stats = trainer.train(group_batch_of_one_group((1.0, 1.0, 1.0, 1.0), [0, 0, 0, 0]), LEARNER_VERSION, env_steps=0)
+    if coeff == 0:
+        assert trainer.replay is None
+        assert all(torch.equal(a, b) for a, b in zip(weights, trainer.model.policy_parameters()))
+        return
+    assert stats["self_imitation_steps"] == 4 and stats["self_imitation_loss"] > 0
+    assert arm_zero() > before + 0.05
+    # A failure is never replayed: of a group with one success (arm 1), the replay gains that one step only.
+    trainer.train(group_batch_of_one_group((0.0, 1.0, 0.0, 0.0), [0, 1, 0, 0]), LEARNER_VERSION, env_steps=0)
+    assert len(trainer.replay) == 5 and trainer.replay.actions[4].item() == 1
