@@ -178,22 +178,6 @@ CRITIC_ADVANTAGES = ("gae", "vtrace")
 
 
 @dataclass
-class SelfImitationConfig:
-    """Self-imitation (``sfengine.learning.success_replay``): the policy also learns, by likelihood, the actions of
-    the run's own successful episodes, replayed from a buffer, so that each success teaches for many updates, not
-    only in the batch it arrived in. For critic-free fine-tuning of a clone that succeeds sometimes."""
-
-    self_imitation_coeff: float = option(
-        0.0,
-        "rloo/grpo with --group_outcome=success: weight of a behaviour-cloning loss (the actions' negative "
-        "log-likelihood) on a minibatch of replayed successful episodes, added to every minibatch step; 0: off",
-    )
-    self_imitation_steps: int = option(
-        50_000, "the replay of successful episodes keeps their latest this many steps (the oldest leave first)"
-    )
-
-
-@dataclass
 class FlowSARConfig:
     """FlowSAR (``--algo=flow_sar``, ``sfengine.algo.flow_sar``): self-annotated credit assignment for flow-matching
     policies. Defaults are the published ones."""
@@ -382,7 +366,6 @@ GROUPS: dict[str, type] = {
     "learner": LearnerConfig,
     "advantage": AdvantageConfig,
     "policy_loss": PolicyLossConfig,
-    "self_imitation": SelfImitationConfig,
     "flow_sar": FlowSARConfig,
     "model": ModelConfig,
     "run": RunConfig,
@@ -434,7 +417,6 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    self_imitation: SelfImitationConfig = field(default_factory=SelfImitationConfig)
     flow_sar: FlowSARConfig = field(default_factory=FlowSARConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -849,19 +831,6 @@ def _validate_advantage(cfg: Config) -> None:
         raise ConfigError(
             f"--group_loss_weighting={cfg.advantage.group_loss_weighting} weighs the episodes of a group, and "
             f"--advantage={advantage} has no groups: use --advantage=rloo or grpo, or drop the option"
-        )
-    imitation = cfg.self_imitation
-    if imitation.self_imitation_coeff < 0 or imitation.self_imitation_steps < 1:
-        raise ConfigError(
-            f"--self_imitation_coeff={imitation.self_imitation_coeff} and --self_imitation_steps="
-            f"{imitation.self_imitation_steps}: give a coefficient of 0 or more and at least 1 step"
-        )
-    if imitation.self_imitation_coeff > 0 and (
-        not cfg.advantage.critic_free or cfg.flow_sar_on or cfg.advantage.group_outcome != "success"
-    ):
-        raise ConfigError(
-            "--self_imitation_coeff replays whole successful episodes, which batches of groups judged by success "
-            "hold: use it with --advantage=rloo or grpo and --group_outcome=success (not --algo=flow_sar)"
         )
 
 

@@ -69,12 +69,6 @@ def test_shipped_preset_found_by_name(tmp_path):
         (["--advantage=rloo"], "--task_group_size=1 makes groups of one: use --task_group_size=2 or more"),
         (["--advantage=grpo", "--task_group_size=4", "--async_rl=false"], "use --async_rl=true"),
         (["--group_loss_weighting=episode"], "--advantage=gae has no groups: use --advantage=rloo or grpo"),
-        (["--self_imitation_coeff=1"], "use it with --advantage=rloo or grpo and --group_outcome=success"),
-        (
-            ["--self_imitation_coeff=1", "--advantage=rloo", "--task_group_size=8"],
-            "use it with --advantage=rloo or grpo and --group_outcome=success",
-        ),
-        (["--self_imitation_coeff=-1"], "give a coefficient of 0 or more and at least 1 step"),
         (["--sapo_tau_neg=0"], "--sapo_tau_neg=0.0 must be positive"),
         (["--cispo_eps_low=1.5"], "--cispo_eps_low=1.5 must be in [0, 1]"),
         (["--ce_gppo_dual_clip=0.9"], "--ce_gppo_dual_clip=0.9 must be above 1"),

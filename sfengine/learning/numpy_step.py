@@ -70,8 +70,6 @@ def numpy_learner_unsupported_reason(cfg: Config, model: ActorCritic) -> str | N
         return f"--clip_mode={cfg.policy_loss.clip_mode} runs in torch (numpy has ppo_clip)"
     if model.state_dependent_std:
         return "a state-dependent log-std runs in torch"
-    if cfg.self_imitation.self_imitation_coeff > 0:
-        return "self-imitation's loss runs in torch"
     return None
 
 

@@ -20,10 +20,8 @@ from sfengine.algo.group_advantages import GROUP_ADVANTAGES, episode_step_weight
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
 from sfengine.distributed import LearnerGroup, RankInfo
-from sfengine.learning.behavior_cloning import bc_loss
 from sfengine.learning.group_batcher import GroupBatch
 from sfengine.learning.numpy_step import NumpyStep, choose_learner_backend
-from sfengine.learning.success_replay import SuccessReplay
 from sfengine.models.actor_critic import ActorCritic
 
 
@@ -39,12 +37,6 @@ class PPOTrainer:
         policy = dataclasses.asdict(cfg.policy_loss)
         self.clip_mode = policy.pop("clip_mode")
         self.surrogate_params = SurrogateParams(clip_ratio=cfg.learner.ppo_clip_ratio, **policy)
-        imitation = cfg.self_imitation
-        self.replay = (
-            SuccessReplay(imitation.self_imitation_steps, seed=cfg.env.seed)
-            if imitation.self_imitation_coeff > 0
-            else None
-        )
         # --learner_backend=numpy: the same step without torch's per-op overhead (sfengine.learning.numpy_step).
         self.numpy_step = (
             NumpyStep(model, self.optimizer, cfg, self.group) if choose_learner_backend(cfg, model) == "numpy" else None
@@ -176,9 +168,6 @@ class PPOTrainer:
             advantages = advantages * episode_step_weights(batch.episodes[:n])
         obs = {key: o[:n] for key, o in batch.obs.items()}
         actions, old_log_probs = batch.actions[:n], batch.log_probs[:n]
-        if self.replay is not None:
-            succeeded = outcomes.reshape(-1)[batch.episodes[:n]] == 1.0
-            self.replay.add({key: o[succeeded] for key, o in obs.items()}, actions[succeeded])
         for _ in range(cfg.num_epochs):
             for idx in torch.randperm(n, device=advantages.device).chunk(cfg.num_batches_per_epoch):
                 self._step({key: o[idx] for key, o in obs.items()}, actions[idx], old_log_probs[idx], advantages[idx])
@@ -190,7 +179,6 @@ class PPOTrainer:
             "policy_lag_max": float(lag.max()),
             "advantage_abs_mean": float(episode_advantages.abs().mean()),
             "outcome_mean": float(outcomes.mean()),
-            **({"self_imitation_steps": float(len(self.replay))} if self.replay is not None else {}),
         }
 
     def _step(
@@ -230,17 +218,12 @@ class PPOTrainer:
             clip_mode=self.clip_mode,
             surrogate_params=self.surrogate_params,
         )
-        loss = losses.loss
-        values = {name: float(getattr(losses, name).detach()) for name in ("policy_loss", "value_loss", "entropy")}
-        if self.replay is not None and len(self.replay):
-            replay_obs, replay_actions = self.replay.sample(actions.shape[0])
-            imitation = bc_loss(self.model, replay_obs, replay_actions, self.replay.generator).mean()
-            loss = loss + self.cfg.self_imitation.self_imitation_coeff * imitation
-            values["self_imitation_loss"] = float(imitation.detach())
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        losses.loss.backward()
         grad_norm = self._apply_gradients()
-        values["loss"] = float(loss.detach())
+        values = {
+            name: float(getattr(losses, name).detach()) for name in ("loss", "policy_loss", "value_loss", "entropy")
+        }
         self._add_step_stats({**values, "grad_norm": grad_norm}, losses.diagnostics)
 
     def _add_step_stats(self, values: dict[str, float], diagnostics: dict[str, float]) -> None:
