@@ -122,8 +122,8 @@ def build_model(
         except ValueError as exc:
             raise CheckpointError(
                 f"--init_from: {path} does not fit env '{cfg.env.env}' with these model settings ({exc}); give the "
-                f"env, observations, --action_chunk, --policy_head and network options it was trained with"
-                + init_from_env_hint(path, cfg.env.env)
+                "env and observations it was trained with, and drop the network options that differ from its run's "
+                "(a checkpoint in its run's checkpoints/ folder brings them)" + init_from_env_hint(path, cfg.env.env)
             ) from None
         critic_note = "" if model.value_head is None else " and critic" if critic else "; the critic starts afresh"
         print(
