@@ -60,6 +60,9 @@ from sfengine.task_sequence import GROUP_SEEDS_PER_RANK, SharedTaskSequence
 log = logging.getLogger(__name__)
 
 AGREED_STOP_TIMEOUT_SEC = 120.0
+# A worker still in its start-up when the run stops (building LIBERO simulators can take minutes, and reads no
+# signal) holds no trajectories yet: it is ended this long into the stop rather than waited for STOP_TIMEOUT_SEC.
+STARTING_STOP_GRACE_SEC = 5.0
 
 
 @dataclass
@@ -151,6 +154,7 @@ class Runner(Component):
         self.ranks = RankInfo.from_environment()
         self.leads = self.ranks.rank == 0  # rank 0 prints, and writes TensorBoard and summary.json
         self.stop_asked: tuple[str, float] | None = None  # multi-rank: (reason, when) of a stop not yet agreed
+        self.reported: set[str] = set()  # the workers heard from since their (re)start: their start-up is over
         every = cfg.eval.eval_every_env_steps
         self.next_evaluation = (initial_env_steps // every + 1) * every if every else None
         self.evaluations: list[dict] = []  # the training evaluator's results, for summary.json
@@ -180,6 +184,7 @@ class Runner(Component):
         start_watch_and_status_timers(self)
 
     def on_worker_report(self, report: WorkerReport) -> None:
+        self.reported.add(f"rollout_worker_{report.worker}")
         if self.hang_watch is not None:
             self.hang_watch.heard_from(f"rollout_worker_{report.worker}")
         if self.respawner is not None:
@@ -191,6 +196,7 @@ class Runner(Component):
             self.rank_episodes.emit(report.episodes)  # for rank 0's statistics, through the learners
 
     def on_inference_report(self, report: InferenceReport) -> None:
+        self.reported.add(f"inference_worker_{report.worker}")
         if self.hang_watch is not None:
             self.hang_watch.heard_from(f"inference_worker_{report.worker}")
         if self.respawner is not None:
@@ -290,11 +296,26 @@ class Runner(Component):
         children_done = all(not p.is_alive() for p in self.processes)
         if (self.processes and children_done) or (not self.processes and self.stats.final_learner_report):
             self.event_loop.stop()
+        elif starting := self._still_starting():
+            names = ", ".join(p.name.removesuffix("_process") for p in starting)
+            log.warning("%s still starting as the run stops; ending it (it holds no trajectories yet)", names)
+            terminate_processes(starting)
         elif self.hang_watch is not None and (hung := self._hung_while_stopping()):
             self._end_hung_while_stopping(*hung)
         elif time.time() - self.stop_started > STOP_TIMEOUT_SEC:
             self._terminate_the_stragglers()
             self.event_loop.stop()
+
+    def _still_starting(self) -> list[EngineProcess]:
+        """Rollout and inference workers alive and never heard from, STARTING_STOP_GRACE_SEC into the stop."""
+        if time.time() - self.stop_started < STARTING_STOP_GRACE_SEC:
+            return []
+        workers = ("rollout_worker_", "inference_worker_")
+        return [
+            p
+            for p in self.processes
+            if p.name.startswith(workers) and p.is_alive() and p.name.removesuffix("_process") not in self.reported
+        ]
 
     def _terminate_the_stragglers(self) -> None:
         """Components still running STOP_TIMEOUT_SEC into the stop are terminated. Only the learner's failing to
@@ -342,6 +363,7 @@ class Runner(Component):
     def _respawn(self, process: EngineProcess) -> None:
         component = process.name.removesuffix("_process")
         self.hang_watch.forget(component)
+        self.reported.discard(component)
         try:
             positions = self.respawner.respawn(process, self.processes)
         except InboxLockHeld as error:

@@ -526,8 +526,16 @@ def make_stalling_toy(ctx):
     return StallsOnce(make_multitask_toy(ctx), ctx)
 
 
+def make_slow_starting_toy(ctx):
+    # Rollout worker 1 builds its envs for minutes, as LIBERO's simulators may on a loaded machine.
+    if ctx.worker_index == 1:
+        stuck_in_the_simulator()
+    return make_multitask_toy(ctx)
+
+
 register_env("hanging_toy", make_hanging_toy)
 register_env("stalling_toy", make_stalling_toy)
+register_env("slow_starting_toy", make_slow_starting_toy)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
@@ -734,5 +742,30 @@ def test_a_batcher_that_raises_stops_the_run_with_a_checkpoint_instead_of_hangin
     (saved,) = (train_dir / "batcher" / "checkpoints").glob("checkpoint_*.pt")
     assert torch.load(saved, weights_only=True)["policy_version"] == 4
     _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()
+
+
+def test_a_stop_during_a_workers_start_up_ends_it_at_once_and_the_run_exits_0(tmp_path, train_dir):
+    # Worker 1 never finishes building its envs; worker 0 trains. A Ctrl-C then must not wait the stop's minute
+    # for a process that reads no signal until its start-up is over: it holds nothing yet, so it is ended.
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGING_SCRIPT)
+    shm_before = shm_entries()
+    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=starting", *FAST[1:]]
+    command += ["--env=slow_starting_toy", "--train_for_env_steps=100000000", "--report_every_sec=1"]
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for_training(process)
+    children = psutil.Process(process.pid).children(recursive=True)
+    stopped = time.time()
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, output[-3000:]
+    assert time.time() - stopped < 40, "the stop waited for the starting worker"
+    assert "rollout_worker_1 still starting as the run stops; ending it" in output, output[-3000:]
+    assert "did not stop within" not in output
+    assert read_summary(train_dir, "starting")["stop_reason"] == "interrupted by a signal"
+    assert list((train_dir / "starting" / "checkpoints").glob("checkpoint_*.pt"))  # the learner saved as usual
+    _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()
