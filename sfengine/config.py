@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -995,7 +996,13 @@ def load_saved_config(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path} is corrupt ({exc}); fix it or use --restart_behavior=restart") from None
     if "with_vtrace" in flat:  # written before --advantage existed
         flat["advantage"] = "vtrace" if flat.pop("with_vtrace") else "gae"
-    return flat
+    # An option this version no longer has (written by an older or a trial version) cannot change what the run
+    # does now: it is named and left out, where a user's preset or command line with it is an error.
+    table = option_table()
+    retired = sorted(name for name in flat if name not in table)
+    if retired:
+        print(f"{path}: ignoring {', '.join(retired)}, which this version of sfengine does not have", file=sys.stderr)
+    return {name: value for name, value in flat.items() if name in table}
 
 
 def save_config(cfg: Config, path: Path) -> None:

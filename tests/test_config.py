@@ -165,6 +165,18 @@ def test_a_config_saved_before_the_advantage_option_resumes_with_the_same_estima
     assert parse_config([f"--train_dir={tmp_path}"]).advantage.advantage == "vtrace"
 
 
+def test_a_saved_config_with_an_option_this_version_lacks_still_resumes_and_names_it(tmp_path, capsys):
+    old = Config().to_dict()
+    old["learner"].update(learning_rate=0.123, retired_option=1.0)
+    (tmp_path / "default_experiment").mkdir()
+    (tmp_path / "default_experiment" / "config.json").write_text(json.dumps(old))
+    assert parse_config([f"--train_dir={tmp_path}"]).learner.learning_rate == 0.123
+    assert "ignoring retired_option" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="unknown option 'retired_option'"):  # a user's own file still fails
+        (tmp_path / "preset.yaml").write_text("retired_option: 1.0\n")
+        parse_config([f"--cfg={tmp_path / 'preset.yaml'}", "--experiment=other", f"--train_dir={tmp_path}"])
+
+
 @pytest.mark.parametrize("reference", ["name", "directory", "checkpoint file"])
 def test_a_run_from_init_from_builds_the_network_its_weights_were_trained_in(tmp_path, reference):
     # A clone trained on 32-32 ReLU layers: fine-tuning it names neither, yet builds that network.
