@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from sfengine.evaluate import SAMPLED_SUFFIX
 from sfengine.events import read_scalars
 
 RESULTS = Path(__file__).parent / "results" / "libero_finetune"
@@ -92,14 +93,15 @@ def engine(module: str, *args: str) -> list[str]:
 
 def evaluate(args, train_dir: Path, experiment: str) -> dict:
     """The latest checkpoint of ``experiment`` evaluated on the chosen pairs; its results.json."""
+    pattern = f"*{SAMPLED_SUFFIX}/results.json" if args.eval_mode == "sampled" else "checkpoint_*[0-9]/results.json"
     out = train_dir / experiment / "eval"
-    found = sorted(out.glob("*/results.json"))
+    found = sorted(out.glob(pattern))
     if not found:
         command = engine("evaluate", f"--train_dir={train_dir}", f"--experiment={experiment}")
         command += [f"--eval_tasks={args.tasks}"] if args.tasks else []
         command += [f"--eval_init_states={args.eval_init_states}", f"--eval_deterministic={args.eval_mode == 'mode'}"]
         run(command, train_dir / f"{experiment}_eval.log")
-        found = sorted(out.glob("*/results.json"))
+        found = sorted(out.glob(pattern))
     return json.loads(found[-1].read_text())
 
 

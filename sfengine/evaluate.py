@@ -47,6 +47,7 @@ EVALUATE_HELP = (
     "Evaluates a checkpoint (--checkpoint, or the latest of --experiment) with the options of the 'eval' group; "
     "the run's saved config supplies the rest, and any option given here overrides it."
 )
+SAMPLED_SUFFIX = "_sampled"  # the results folder of an evaluation with --eval_deterministic=false
 GATHER_TIMEOUT = datetime.timedelta(hours=12)  # ranks finish their shards at different times
 
 
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     set_cpu_threads(1)
     ev = cfg.eval
-    out_dir = cfg.experiment_dir / "eval" / checkpoint.stem
+    # Sampled actions give other figures than the mode: each keeps its own folder, so neither overwrites the other.
+    out_dir = cfg.experiment_dir / "eval" / (checkpoint.stem + ("" if ev.eval_deterministic else SAMPLED_SUFFIX))
     episodes = evaluation_episodes(
         tasks,
         ranks.rank,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -135,6 +136,22 @@ def replay_by_hand(train_dir: Path, experiment: str, seeds) -> dict[int, float]:
             total, done = total + reward, terminated or truncated
         returns[seed] = total
     return returns
+
+
+def test_sampled_actions_are_evaluated_into_a_folder_of_their_own_beside_the_modes(toy_run):
+    args = [f"--train_dir={toy_run}", "--experiment=toy", "--num_workers=1"]
+    mode = evaluate(*args)
+    assert mode.returncode == 0, mode.stderr[-3000:]
+    (mode_dir,) = (toy_run / "toy" / "eval").iterdir()
+    mode_results = (mode_dir / "results.json").read_text()
+    sampled = evaluate(*args, "--eval_deterministic=false")
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    sampled_dir = mode_dir.with_name(mode_dir.name + "_sampled")
+    assert sorted((toy_run / "toy" / "eval").iterdir()) == [mode_dir, sampled_dir]
+    assert (mode_dir / "results.json").read_text() == mode_results  # the mode's figures are still there
+    assert json.loads((sampled_dir / "results.json").read_text())["deterministic"] is False
+    assert str(sampled_dir) in sampled.stdout
+    shutil.rmtree(sampled_dir)  # the toy run is shared: the other tests expect one results folder
 
 
 def test_video_of_a_gymnasium_env_decodes_to_the_episode_length_at_the_asked_size(cartpole_run):
