@@ -107,6 +107,11 @@ class LearnerConfig:
     ppo_clip_value: float = option(1.0, "clip on the change of the value prediction (0: no value clipping)")
     value_loss_coeff: float = option(0.5, "weight of the value loss")
     entropy_coeff: float = option(0.003, "weight of the entropy bonus")
+    kl_coeff: float = option(
+        0.0,
+        "weight of a penalty on the KL divergence from the policy the run started from (its --init_from clone; "
+        "kept in checkpoints), estimated per sample as GRPO does; keeps a long fine-tuning near its clone; 0: off",
+    )
     max_grad_norm: float = option(4.0, "gradient norm clip (0: off)")
     normalize_advantage: bool = option(True, "normalise advantages per minibatch")
     reward_scale: float = option(
@@ -759,7 +764,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must be positive")
     if not 0 < lrn.gamma <= 1 or not 0 <= lrn.gae_lambda <= 1:
         raise ConfigError("--gamma must be in (0, 1] and --gae_lambda in [0, 1]")
-    for name in ("ppo_clip_value", "max_grad_norm", "reward_clip", "entropy_coeff", "value_loss_coeff"):
+    for name in ("ppo_clip_value", "max_grad_norm", "reward_clip", "entropy_coeff", "value_loss_coeff", "kl_coeff"):
         if getattr(lrn, name) < 0:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must not be negative")
     _validate_policy_loss(cfg.policy_loss)
@@ -770,6 +775,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             "--critic_warmup_batches trains the value head, and this run has none (critic-free advantages or "
             "--algo=flow_sar): drop it, or train with --advantage=gae or vtrace"
+        )
+    if lrn.kl_coeff and cfg.flow_sar_on:
+        raise ConfigError(
+            "--kl_coeff penalises a Gaussian or categorical policy's divergence; FlowSAR has its own term: drop it "
+            "and use --flow_sar_kl_coeff"
         )
     _validate_advantage(cfg)
     if cfg.model.action_chunk < 1:

@@ -177,6 +177,22 @@ def test_a_saved_config_with_an_option_this_version_lacks_still_resumes_and_name
         parse_config([f"--cfg={tmp_path / 'preset.yaml'}", "--experiment=other", f"--train_dir={tmp_path}"])
 
 
+def test_kl_coeff_must_be_non_negative_and_has_no_meaning_for_flow_sar():
+    with pytest.raises(ConfigError, match="--kl_coeff=-1.0 must not be negative"):
+        parse_config(["--kl_coeff=-1"])
+    with pytest.raises(ConfigError, match="--flow_sar_kl_coeff"):
+        parse_config(
+            [
+                "--env=multitask_reach",
+                "--algo=flow_sar",
+                "--policy_head=flow",
+                "--task_group_size=4",
+                "--group_outcome=success",
+                "--kl_coeff=0.1",
+            ]
+        )
+
+
 @pytest.mark.parametrize("reference", ["name", "directory", "checkpoint file"])
 def test_a_run_from_init_from_builds_the_network_its_weights_were_trained_in(tmp_path, reference):
     # A clone trained on 32-32 ReLU layers: fine-tuning it names neither, yet builds that network.

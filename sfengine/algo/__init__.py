@@ -3,7 +3,7 @@ functions on tensors. ``register_surrogate`` and ``register_group_advantage`` ad
 
 from sfengine.algo.advantages import gae, vtrace
 from sfengine.algo.group_advantages import grpo, register_group_advantage, rloo
-from sfengine.algo.ppo_loss import PPOLoss, explained_variance, normalize_advantages, ppo_loss
+from sfengine.algo.ppo_loss import PPOLoss, explained_variance, kl_penalty, normalize_advantages, ppo_loss
 from sfengine.algo.surrogates import Surrogate, SurrogateParams, policy_surrogate, register_surrogate
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "explained_variance",
     "gae",
     "grpo",
+    "kl_penalty",
     "normalize_advantages",
     "policy_surrogate",
     "ppo_loss",

@@ -141,3 +141,12 @@ def explained_variance(predicted: Tensor, target: Tensor) -> float:
     if target_variance == 0.0:
         return float("nan")
     return 1.0 - (target - predicted).var(correction=0).item() / target_variance
+
+
+def kl_penalty(log_probs: Tensor, reference_log_probs: Tensor, max_log_ratio: float = 20.0) -> Tensor:
+    """Mean estimate of KL(pi || pi_ref) from the log-probs [N] of actions the policy sampled, under the policy and
+    under a reference: ``exp(d) - d - 1`` with ``d = log pi_ref(a) - log pi(a)`` (the non-negative, unbiased
+    estimator GRPO uses). ``d`` is clamped to +-``max_log_ratio``: a many-dimensional Gaussian's log-ratio can be
+    large, and its exponential must stay finite."""
+    d = (reference_log_probs - log_probs).clamp(-max_log_ratio, max_log_ratio)
+    return (d.exp() - d - 1.0).mean()

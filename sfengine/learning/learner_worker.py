@@ -105,6 +105,8 @@ class LearnerWorker(Component):
             self.trainer.optimizer.load_state_dict(self.resume_state["optimizer"])
             if cfg.flow_sar_on and "flow_sar" in self.resume_state:
                 self.trainer.load_state_dict(self.resume_state["flow_sar"])  # the reference goes on from where it was
+            elif not cfg.flow_sar_on:
+                self.trainer.load_state_dict(self.resume_state.get("ppo", {}))  # --kl_coeff's reference
             self.env_steps = int(self.resume_state["env_steps"])
             self.version = int(self.resume_state["policy_version"])
             self.resume_state = None
@@ -248,7 +250,7 @@ class LearnerWorker(Component):
 
     def checkpoint_state(self) -> dict:
         others, rank = self.rank_sequences, self.ranks.rank
-        extra = {"flow_sar": self.trainer.state_dict()} if self.cfg.flow_sar_on else {}
+        extra = {"flow_sar" if self.cfg.flow_sar_on else "ppo": self.trainer.state_dict()}
         return {
             **extra,
             "model": {name: t.detach().cpu() for name, t in self.model.state_dict().items()},

@@ -66,6 +66,8 @@ def numpy_learner_unsupported_reason(cfg: Config, model: ActorCritic) -> str | N
         return reason
     if type(model) is not ActorCritic:
         return f"a registered model ({type(model).__name__}) may compute its own way"
+    if cfg.learner.kl_coeff > 0:
+        return "the KL penalty (--kl_coeff) runs in torch"
     if cfg.policy_loss.clip_mode != "ppo_clip":
         return f"--clip_mode={cfg.policy_loss.clip_mode} runs in torch (numpy has ppo_clip)"
     if model.state_dependent_std:

@@ -9,13 +9,22 @@ Plumbing (where the batch came from, where the weights go) lives in the learner 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
 import torch
 from torch import Tensor
 
-from sfengine.algo import SurrogateParams, explained_variance, gae, normalize_advantages, ppo_loss, vtrace
+from sfengine.algo import (
+    SurrogateParams,
+    explained_variance,
+    gae,
+    kl_penalty,
+    normalize_advantages,
+    ppo_loss,
+    vtrace,
+)
 from sfengine.algo.group_advantages import GROUP_ADVANTAGES, episode_step_weights
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
@@ -37,10 +46,23 @@ class PPOTrainer:
         policy = dataclasses.asdict(cfg.policy_loss)
         self.clip_mode = policy.pop("clip_mode")
         self.surrogate_params = SurrogateParams(clip_ratio=cfg.learner.ppo_clip_ratio, **policy)
+        # --kl_coeff: the policy as the run started (its --init_from clone), frozen with its own observation
+        # statistics, so it stays the function it was; a resumed run takes it from the checkpoint (load_state_dict).
+        self.kl_reference = copy.deepcopy(model).requires_grad_(False) if cfg.learner.kl_coeff > 0 else None
         # --learner_backend=numpy: the same step without torch's per-op overhead (sfengine.learning.numpy_step).
         self.numpy_step = (
             NumpyStep(model, self.optimizer, cfg, self.group) if choose_learner_backend(cfg, model) == "numpy" else None
         )
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps beside the model and the optimiser: the KL penalty's reference, if any."""
+        if self.kl_reference is None:
+            return {}
+        return {"kl_reference": {k: t.detach().cpu() for k, t in self.kl_reference.state_dict().items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.kl_reference is not None and "kl_reference" in state:
+            self.kl_reference.load_state_dict(state["kl_reference"])
 
     def learning_rate(self, env_steps: int) -> float:
         lr = self.cfg.learner.learning_rate
@@ -218,13 +240,20 @@ class PPOTrainer:
             clip_mode=self.clip_mode,
             surrogate_params=self.surrogate_params,
         )
+        loss, extra, diagnostics = losses.loss, {}, None
+        if self.kl_reference is not None:
+            diagnostics = losses.diagnostics  # the surrogate's own: read before the penalty's gradient joins it
+            with torch.no_grad():
+                reference_log_probs, _ = self.kl_reference.log_prob_entropy(self.kl_reference(obs)[0], actions)
+            kl = kl_penalty(log_probs, reference_log_probs)
+            loss = loss + cfg.kl_coeff * kl
+            extra["kl_to_reference"] = float(kl.detach())
         self.optimizer.zero_grad(set_to_none=True)
-        losses.loss.backward()
+        loss.backward()
         grad_norm = self._apply_gradients()
-        values = {
-            name: float(getattr(losses, name).detach()) for name in ("loss", "policy_loss", "value_loss", "entropy")
-        }
-        self._add_step_stats({**values, "grad_norm": grad_norm}, losses.diagnostics)
+        values = {name: float(getattr(losses, name).detach()) for name in ("policy_loss", "value_loss", "entropy")}
+        values["loss"] = float(loss.detach())
+        self._add_step_stats({**values, **extra, "grad_norm": grad_norm}, diagnostics or losses.diagnostics)
 
     def _add_step_stats(self, values: dict[str, float], diagnostics: dict[str, float]) -> None:
         """Add one minibatch step's losses and diagnostics to the update's sums (``train`` averages them)."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from sfengine.algo import explained_variance, normalize_advantages, ppo_loss
+from sfengine.algo import explained_variance, kl_penalty, normalize_advantages, ppo_loss
 from sfengine.algo.surrogates import SURROGATES
 
 
@@ -169,3 +169,15 @@ def test_explained_variance_is_zero_when_predicting_the_mean():
 
 def test_explained_variance_is_nan_for_a_constant_target():
     assert math.isnan(explained_variance(torch.tensor([1.0, 2.0]), torch.tensor([5.0, 5.0])))
+
+
+def test_kl_penalty_estimates_the_gaussian_kl_from_the_policys_own_samples_and_is_zero_at_the_reference():
+    # pi = N(0, 1), pi_ref = N(0.5, 0.8^2): KL(pi || pi_ref) = log(0.8) + (1 + 0.25) / (2 * 0.64) - 0.5 = 0.2534.
+    generator = torch.Generator().manual_seed(0)
+    actions = torch.randn(200_000, generator=generator)
+    log_probs = torch.distributions.Normal(0.0, 1.0).log_prob(actions)
+    reference = torch.distributions.Normal(0.5, 0.8).log_prob(actions)
+    assert float(kl_penalty(log_probs, reference)) == pytest.approx(0.2534, abs=0.01)
+    assert float(kl_penalty(log_probs, log_probs)) == 0.0
+    # A log-ratio far out of range (a many-dimensional Gaussian's) stays finite.
+    assert math.isfinite(float(kl_penalty(torch.zeros(2), torch.tensor([500.0, -500.0]))))

@@ -299,3 +299,22 @@ def test_group_loss_weighting_episode_weighs_a_long_failure_like_a_short_success
     trainer.train(batch, LEARNER_VERSION, env_steps=0)
     (seen,) = advantages
     assert float(seen.sum()) == pytest.approx(net_push, abs=1e-5)
+
+
+def test_kl_coeff_holds_the_policy_near_the_one_it_started_from_and_a_checkpoint_keeps_that_reference():
+    # Arm 0's advantage pulls the policy away from its near-uniform start; the penalty pulls back toward the start.
+    free, held = make_trainer(learning_rate=1e-2), make_trainer(learning_rate=1e-2, kl_coeff=3.0)
+    batch = bandit_batch()
+    for trainer in (free, held):
+        for _ in range(4):
+            stats = trainer.train(batch, LEARNER_VERSION, env_steps=0)
+    moved_free, moved_held = (arm_zero_probability(t.model, batch) - 0.5 for t in (free, held))
+    assert moved_free > 0.25 and 0.02 < moved_held < 0.5 * moved_free
+    assert stats["kl_to_reference"] > 0
+    assert free.state_dict() == {} and "kl_to_reference" not in free.train(batch, LEARNER_VERSION, env_steps=0)
+    # A resumed run's trainer starts from the resumed weights, and takes the reference back from the checkpoint.
+    resumed = make_trainer(kl_coeff=3.0)
+    resumed.model.load_state_dict(held.model.state_dict())
+    resumed.load_state_dict(held.state_dict())
+    start = make_trainer().model.state_dict()
+    assert all(torch.equal(resumed.kl_reference.state_dict()[k], start[k]) for k in start)
