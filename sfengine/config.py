@@ -112,6 +112,11 @@ class LearnerConfig:
         "weight of a penalty on the KL divergence from the policy the run started from (its --init_from clone; "
         "kept in checkpoints), estimated per sample as GRPO does; keeps a long fine-tuning near its clone; 0: off",
     )
+    target_kl: float = option(
+        0.0,
+        "end an update early, before its next minibatch step, once a step's approximate KL from the acting policy "
+        "passed 1.5 x this (the ranks' mean), as CleanRL and SB3 do: no batch moves the policy far; 0: off",
+    )
     max_grad_norm: float = option(4.0, "gradient norm clip (0: off)")
     normalize_advantage: bool = option(True, "normalise advantages per minibatch")
     reward_scale: float = option(
@@ -764,7 +769,15 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must be positive")
     if not 0 < lrn.gamma <= 1 or not 0 <= lrn.gae_lambda <= 1:
         raise ConfigError("--gamma must be in (0, 1] and --gae_lambda in [0, 1]")
-    for name in ("ppo_clip_value", "max_grad_norm", "reward_clip", "entropy_coeff", "value_loss_coeff", "kl_coeff"):
+    for name in (
+        "ppo_clip_value",
+        "max_grad_norm",
+        "reward_clip",
+        "entropy_coeff",
+        "value_loss_coeff",
+        "kl_coeff",
+        "target_kl",
+    ):
         if getattr(lrn, name) < 0:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must not be negative")
     _validate_policy_loss(cfg.policy_loss)
@@ -776,10 +789,10 @@ def validate(cfg: Config) -> None:
             "--critic_warmup_batches trains the value head, and this run has none (critic-free advantages or "
             "--algo=flow_sar): drop it, or train with --advantage=gae or vtrace"
         )
-    if lrn.kl_coeff and cfg.flow_sar_on:
+    if (lrn.kl_coeff or lrn.target_kl) and cfg.flow_sar_on:
         raise ConfigError(
-            "--kl_coeff penalises a Gaussian or categorical policy's divergence; FlowSAR has its own term: drop it "
-            "and use --flow_sar_kl_coeff"
+            "--kl_coeff and --target_kl measure a Gaussian or categorical policy's divergence; FlowSAR has its own "
+            "term: drop them and use --flow_sar_kl_coeff"
         )
     _validate_advantage(cfg)
     if cfg.model.action_chunk < 1:

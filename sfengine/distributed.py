@@ -63,7 +63,7 @@ class LearnerGroup:
     """The learners' process group. With one rank, every call is local and costs nothing."""
 
     def __init__(self, ranks: RankInfo, device: torch.device):
-        self.ranks = ranks
+        self.ranks, self.device = ranks, device
         if ranks.world_size > 1:
             backend = "nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(backend, init_method="env://", timeout=GROUP_TIMEOUT)

@@ -177,9 +177,10 @@ def test_a_saved_config_with_an_option_this_version_lacks_still_resumes_and_name
         parse_config([f"--cfg={tmp_path / 'preset.yaml'}", "--experiment=other", f"--train_dir={tmp_path}"])
 
 
-def test_kl_coeff_must_be_non_negative_and_has_no_meaning_for_flow_sar():
-    with pytest.raises(ConfigError, match="--kl_coeff=-1.0 must not be negative"):
-        parse_config(["--kl_coeff=-1"])
+@pytest.mark.parametrize("name", ["kl_coeff", "target_kl"])
+def test_kl_options_must_be_non_negative_and_have_no_meaning_for_flow_sar(name):
+    with pytest.raises(ConfigError, match=f"--{name}=-1.0 must not be negative"):
+        parse_config([f"--{name}=-1"])
     with pytest.raises(ConfigError, match="--flow_sar_kl_coeff"):
         parse_config(
             [
@@ -188,7 +189,7 @@ def test_kl_coeff_must_be_non_negative_and_has_no_meaning_for_flow_sar():
                 "--policy_head=flow",
                 "--task_group_size=4",
                 "--group_outcome=success",
-                "--kl_coeff=0.1",
+                f"--{name}=0.1",
             ]
         )
 

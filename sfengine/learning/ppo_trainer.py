@@ -76,6 +76,7 @@ class PPOTrainer:
             group["lr"] = self.learning_rate(env_steps)
         self.sums, self.ratio_range = {}, [math.inf, -math.inf]
         self.train_policy = True
+        self.steps_taken, self.stopped_at_target_kl = 0, False
         if isinstance(batch, GroupBatch):
             stats = self._train_on_groups(batch, learner_version)
         else:
@@ -87,8 +88,8 @@ class PPOTrainer:
             self.train_policy = not warming_up
             stats = self._train_with_critic(batch, learner_version, update_normalizers=not warming_up)
             stats["critic_warmup"] = float(warming_up)
-        num_updates = self.cfg.learner.num_epochs * self.cfg.learner.num_batches_per_epoch
-        stats.update({name: total / num_updates for name, total in self.sums.items()})
+        stats.update({name: total / max(self.steps_taken, 1) for name, total in self.sums.items()})
+        stats["target_kl_stop"] = float(self.stopped_at_target_kl)
         stats.update(
             ratio_min=self.ratio_range[0],
             ratio_max=self.ratio_range[1],
@@ -118,6 +119,8 @@ class PPOTrainer:
         # Targets that follow the critic as it learns: V-trace always, GAE with --recompute_advantages.
         per_epoch_targets = with_vtrace or self.cfg.advantage.recompute_advantages
         for epoch in range(cfg.num_epochs):
+            if self.stopped_at_target_kl:
+                break
             if per_epoch_targets:
                 self._end_numpy_steps()  # the targets come from the torch model
             if with_vtrace:
@@ -147,6 +150,8 @@ class PPOTrainer:
             shuffled_anchors = tuple(anchor[order] for anchor in value_anchors)
             size = -(-len(order) // cfg.num_batches_per_epoch)  # as order.chunk() splits it
             for start in range(0, len(order), size):
+                if self.stopped_at_target_kl:
+                    break
                 part = slice(start, start + size)
                 actions, minibatch_old_log_probs, minibatch_advantages = (t[part] for t in shuffled)
                 if cfg.normalize_advantage:
@@ -192,6 +197,8 @@ class PPOTrainer:
         actions, old_log_probs = batch.actions[:n], batch.log_probs[:n]
         for _ in range(cfg.num_epochs):
             for idx in torch.randperm(n, device=advantages.device).chunk(cfg.num_batches_per_epoch):
+                if self.stopped_at_target_kl:
+                    break
                 self._step({key: o[idx] for key, o in obs.items()}, actions[idx], old_log_probs[idx], advantages[idx])
         self._end_numpy_steps()
         self.model.update_normalizers(obs, self.group.sum)
@@ -212,7 +219,8 @@ class PPOTrainer:
         value_anchors: tuple[Tensor, Tensor] | None = None,
     ) -> None:
         """One optimiser step on a minibatch. ``value_anchors``: the acting critic's values and the value targets,
-        both in the critic's normalised units (None without a critic)."""
+        both in the critic's normalised units (None without a critic). With --target_kl, a step whose approximate
+        KL passed 1.5 x the target is the update's last."""
         if self.numpy_step is not None:
             if not self.numpy_step.active:
                 self.numpy_step.begin(self.optimizer.param_groups[0]["lr"], self.train_policy)
@@ -256,7 +264,14 @@ class PPOTrainer:
         self._add_step_stats({**values, **extra, "grad_norm": grad_norm}, diagnostics or losses.diagnostics)
 
     def _add_step_stats(self, values: dict[str, float], diagnostics: dict[str, float]) -> None:
-        """Add one minibatch step's losses and diagnostics to the update's sums (``train`` averages them)."""
+        """Add one minibatch step's losses and diagnostics to the update's sums (``train`` averages them), and end
+        the update at --target_kl."""
+        self.steps_taken += 1
+        target = self.cfg.learner.target_kl
+        if target > 0:
+            # The ranks' mean, so that every rank ends its update at the same step (each step all-reduces).
+            kl = self.group.sum(torch.tensor([diagnostics["approx_kl"]], device=self.group.device))
+            self.stopped_at_target_kl = float(kl) / self.group.ranks.world_size > 1.5 * target
         sums = self.sums
         for name, value in values.items():
             sums[name] = sums.get(name, 0.0) + value

@@ -318,3 +318,39 @@ def test_kl_coeff_holds_the_policy_near_the_one_it_started_from_and_a_checkpoint
     resumed.load_state_dict(held.state_dict())
     start = make_trainer().model.state_dict()
     assert all(torch.equal(resumed.kl_reference.state_dict()[k], start[k]) for k in start)
+
+
+def group_bandit_batch() -> GroupBatch:
+    """The bandit's steps as 16 RLOO groups of two one-step episodes: arm 0 succeeds, arm 1 fails."""
+    source = bandit_batch()
+    batch = GroupBatch.allocate(64, 2, OBS_SPEC, ACTION_SPEC)
+    batch.num_steps, batch.num_groups = 32, 16
+    batch.obs["obs"][:32] = source.obs["obs"][:2, :HORIZON].reshape(32, 3)
+    batch.actions[:32] = source.actions[:2, :HORIZON].reshape(32)
+    batch.log_probs[:32] = math.log(0.5)
+    batch.episodes[:32] = torch.arange(32)
+    batch.outcomes[:16] = (batch.actions[:32] == 0).float().reshape(16, 2)
+    return batch
+
+
+@pytest.mark.parametrize("advantage", ["gae", "rloo"])
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_target_kl_ends_the_update_after_the_step_that_passed_it(advantage, backend):
+    def steps_and_stats(target_kl: float) -> tuple[int, dict]:
+        trainer = make_trainer(learning_rate=0.05, target_kl=target_kl, learner_backend=backend)
+        trainer.cfg.advantage.advantage, trainer.cfg.env.task_group_size = advantage, 2
+        steps = []
+        real = trainer._add_step_stats
+        trainer._add_step_stats = lambda *args: (steps.append(1), real(*args))[1]
+        batch = bandit_batch() if advantage == "gae" else group_bandit_batch()
+        stats = trainer.train(batch, LEARNER_VERSION, env_steps=0)
+        return len(steps), stats
+
+    taken, stats = steps_and_stats(0.0)
+    assert taken == 12 and stats["target_kl_stop"] == 0.0  # 3 epochs x 4 minibatches, no target
+    # A large step's KL passes a tiny target at once: that step is the update's last (and its statistics are that
+    # one step's, not a twelfth of it).
+    taken, stats = steps_and_stats(1e-6)
+    assert taken == 1 and stats["target_kl_stop"] == 1.0 and stats["approx_kl"] > 1.5e-6
+    taken, _ = steps_and_stats(10.0)  # a target no step reaches
+    assert taken == 12
