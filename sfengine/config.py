@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -321,6 +322,12 @@ class RunConfig:
     )
     train_for_env_steps: int = option(300_000, "stop after this many env steps (counted across resumes)")
     train_for_seconds: float = option(0.0, "stop after this many seconds of this run (0: no limit)")
+    stop_at_return: float = option(
+        math.inf, "stop once the mean return of the last --stats_window episodes reaches this (inf: never)"
+    )
+    stop_at_success: float = option(
+        math.inf, "stop once the success rate of the last --stats_window episodes reaches this, 0-1 (inf: never)"
+    )
     save_every_sec: float = option(120.0, "seconds between checkpoints")
     keep_checkpoints: int = option(3, "newest checkpoints kept")
     report_every_sec: float = option(5.0, "seconds between status lines")
@@ -812,6 +819,8 @@ def validate(cfg: Config) -> None:
     ):
         if getattr(run, name) < 0:
             raise ConfigError(f"--{name}={getattr(run, name)} must not be negative")
+    if run.stop_at_success != math.inf and not 0 < run.stop_at_success <= 1:
+        raise ConfigError(f"--stop_at_success={run.stop_at_success} is a success rate: give one in (0, 1], e.g. 0.8")
     if run.keep_checkpoints < 1 or run.stats_window < 1:
         raise ConfigError("--keep_checkpoints and --stats_window must be at least 1")
     if not run.experiment or os.sep in run.experiment or run.experiment in (".", ".."):

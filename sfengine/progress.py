@@ -35,6 +35,10 @@ def start_block(cfg: Config, resumed_env_steps: int = 0, world_size: int = 1) ->
     stops = [f"{run.train_for_env_steps:,} env steps"]
     if run.train_for_seconds:
         stops.append(f"{run.train_for_seconds:g} s")
+    if run.stop_at_return != math.inf:
+        stops.append(f"a mean return of {run.stop_at_return:g}")
+    if run.stop_at_success != math.inf:
+        stops.append(f"a success rate of {run.stop_at_success:g}")
     ranks = f" on each of {world_size} ranks" if world_size > 1 else ""
     lines = [
         f"sfengine: PPO on {cfg.env.env} ({advantages}), {mode}",

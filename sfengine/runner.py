@@ -204,6 +204,7 @@ class Runner(Component):
         self.stats.add_inference_report(report)
 
     def on_learner_report(self, report: LearnerReport) -> None:
+        run = self.cfg.run
         self.stats.add_learner_report(report)
         if self.next_evaluation is not None and report.env_steps >= self.next_evaluation and self.leads:
             every = self.cfg.eval.eval_every_env_steps
@@ -211,8 +212,10 @@ class Runner(Component):
             self.evaluate.emit(report.env_steps)
         if report.stop_agreed:
             self.request_stop(self.stop_asked[0] if self.stop_asked else "another rank stopped")
-        elif self.stats.env_steps >= self.cfg.run.train_for_env_steps:
+        elif self.stats.env_steps >= run.train_for_env_steps:
             self.request_stop(f"reached {self.stats.env_steps} env steps")
+        elif self.leads and (reached := self.stats.target_reached(run.stop_at_return, run.stop_at_success)):
+            self._stop_every_rank(reached)  # rank 0 alone sees every rank's episodes
 
     def on_component_failed(self, reason: str) -> None:
         """A component that cannot go on but whose process still runs (the batcher's thread)."""

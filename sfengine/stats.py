@@ -90,6 +90,18 @@ class RunStats:
                     per_task = self.task_successes.setdefault(episode.task, deque(maxlen=self.stats_window))
                     per_task.append(episode.success)
 
+    def target_reached(self, stop_at_return: float, stop_at_success: float) -> str | None:
+        """Why the run may stop early (``--stop_at_return``, ``--stop_at_success``), or None. Only a full window
+        counts, so that a few lucky first episodes do not end a run."""
+        window = self.stats_window
+        for name, values, target, shown in (
+            ("return", self.returns, stop_at_return, ".1f"),
+            ("success", self.successes, stop_at_success, ".3f"),
+        ):
+            if len(values) == window and (mean := float(np.mean(values))) >= target:
+                return f"the mean {name} of the last {window} episodes, {mean:{shown}}, reached --stop_at_{name}={target:g}"
+        return None
+
     def add_inference_report(self, report: InferenceReport) -> None:
         self.inference_busy += report.busy_sec
         self.inference_wall += report.wall_sec

@@ -113,6 +113,12 @@ RECORDING_SCRIPT = textwrap.dedent(
 )
 
 
+def reached_target(summary: dict, target: str) -> bool:
+    """Whether the run stopped because its target (``stop_at_return=400``, ``stop_at_success=0.9``) was reached,
+    a full stats window at or above it, rather than at its env-step limit."""
+    return (summary.get("stop_reason") or "").endswith(f"reached --{target}")
+
+
 def write_recording_script(script: Path, log_dir: Path, module: str = "train") -> None:
     """A user script that runs ``sfengine.<module>`` with an env ``recorded_toy`` (multitask_toy) that logs every
     assignment it receives, and every episode it ends, to log_dir."""

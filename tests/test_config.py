@@ -49,6 +49,7 @@ def test_shipped_preset_found_by_name(tmp_path):
         (["--batch_size=1000", "--rollout=32"], "not a multiple of --rollout=32"),
         (["--cfg=no_such_preset"], "no such preset"),
         (["--restart_behavior=maybe"], "is not one of resume, restart, overwrite"),
+        (["--stop_at_success=80"], "--stop_at_success=80.0 is a success rate: give one in (0, 1], e.g. 0.8"),
         # Env options belong to their env, are validated by it, and are refused for another env.
         (["--env=synthetic", "--synthetic_obs=image:84"], "--synthetic_obs: synthetic observation 'image:84'"),
         (["--env=libero_goal", "--libero_sim_cache=0"], "--libero_sim_cache=0 must be at least 1, or auto"),
