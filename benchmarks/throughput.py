@@ -32,7 +32,7 @@ start-up before the first env step, envs built and reset, is not counted in eith
     diy       (with --with_diy) gymnasium's AsyncVectorEnv and a synchronous PPO loop of the same sizes
               (benchmarks.diy_baseline): what a user writes without an engine.
 
-Engine FPS comes from the status lines (every 2 s). The engine's start-up lasts until the first line with env
+Engine FPS comes from the status lines (every 1 s). The engine's start-up lasts until the first line with env
 steps (at most ``--startup`` seconds); the window runs from the first line ``--warmup`` seconds after it to the
 line ``--seconds`` later. Steps count when a training batch reaches the learner, so the resolution is one
 training batch: for slow envs, use a long --seconds or a small --batch_size. The key figure is sampling / limit.
@@ -81,7 +81,7 @@ from sfengine.sizing import resolve_auto_options
 from sfengine.train import probe_env
 
 RESULTS = Path(__file__).resolve().parent / "results"
-REPORT_EVERY_SEC = 2.0
+REPORT_EVERY_SEC = 1.0
 SAMPLE_EVERY_SEC = 0.5
 PSS_EVERY_SEC = 10.0  # proportional memory walks every page table: sampled less often, so it costs no throughput
 ACTION_RING = 1024  # pre-drawn random actions per env, cycled
