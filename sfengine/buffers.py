@@ -149,6 +149,9 @@ class SplitState:
     # int64 [rows, envs_per_split]: each env's episode position in the task sequence, -1 none. With
     # ``assignments``, what a respawn hands out again when the worker dies (sfengine.respawn).
     positions: Tensor
+    # int64 [rows, envs_per_split, 3]: each env's latest draw from the task sequence (task, init state, position),
+    # written before the draw counts, so a worker killed inside a draw leaves its episode known (sfengine.respawn).
+    drawing: Tensor
     # int64 [rows]: the number of the split's latest inference request. Outputs echo it, and a worker ignores
     # outputs of any other request: those answer a request made before a respawn, or one sent twice.
     requests: Tensor
@@ -164,6 +167,7 @@ class SplitState:
             stepping_env=shared_zeros((num_splits_total,), torch.int64).fill_(NO_ENV),
             assignments=shared_zeros((*rows, 2), torch.int64).fill_(-1),
             positions=shared_zeros(rows, torch.int64).fill_(-1),
+            drawing=shared_zeros((*rows, 3), torch.int64).fill_(-1),
             requests=shared_zeros((num_splits_total,), torch.int64),
         )
 

@@ -223,17 +223,22 @@ class Respawner:
         splits, num_splits = self.buffers.splits, self.cfg.sampler.worker_num_splits
         rows = range(worker * num_splits, (worker + 1) * num_splits)
         self.stats.dropped_trajectories += len(rows) * self.cfg.envs_per_split
-        episodes = [
-            (*splits.assignments[row, env].tolist(), int(splits.positions[row, env]))
+        envs = [
+            (
+                (*splits.assignments[row, env].tolist(), int(splits.positions[row, env])),
+                tuple(splits.drawing[row, env].tolist()),
+            )
             for row in rows
             for env in range(self.cfg.envs_per_split)
-            if int(splits.positions[row, env]) >= 0
         ]
         splits.positions[list(rows)] = -1
+        splits.drawing[list(rows)] = -1
         splits.stepping_env[list(rows)] = NO_ENV
-        if self.task_sequence is None or not episodes:
+        if self.task_sequence is None:
             return []
-        self.task_sequence.hand_out_again(episodes)
+        episodes = self.task_sequence.hand_out_again(envs)
+        if not episodes:
+            return []
         shown = ", ".join(f"({task}, {init_state})" for task, init_state, _ in episodes[:8])
         more = f" and {len(episodes) - 8} more" if len(episodes) > 8 else ""
         log.info("%s: %d episodes handed out again, (task, init state): %s%s", component, len(episodes), shown, more)

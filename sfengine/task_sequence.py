@@ -14,7 +14,10 @@ episodes + 1), and the init state comes from that task's circular cursor, so wit
 is still used once before any is reused. Rollout workers record each episode's outcome here.
 
 An episode cut short by the death of its rollout worker is handed out again (``hand_out_again``): the next draws
-return it, with its position, before the sequence moves on (see sfengine.respawn).
+return it, with its position, before the sequence moves on (see sfengine.respawn). A worker can die inside a draw,
+so a draw is recorded by its caller before it counts, and counts by one store (the position, or the number of
+episodes waiting): whatever instruction the kill lands on, ``hand_out_again`` can tell which of an env's two
+records (the episode it holds, the one it was drawing) is its latest draw.
 
 The state (position, cursors, recent outcomes, episodes to hand out again) is saved in checkpoints, and a resumed
 run continues it. A draw costs one uncontended lock, once per episode.
@@ -23,6 +26,7 @@ run continues it. A draw costs one uncontended lock, once per episode.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +40,9 @@ NO_OUTCOME = -1  # an empty slot of the recent-outcomes window
 # with the same one. Offset far above the evaluation's seeds 0..N-1, so training never replays them.
 GROUP_SEEDS_PER_RANK = 10_000
 GROUP_SEED_OFFSET = 1_000_000_000
+
+
+Episode = tuple[int, int, int]  # (task, init state, position in the sequence)
 
 
 def single_task_group_seed(base_seed: int, init_state: int) -> int:
@@ -78,28 +85,52 @@ class SharedTaskSequence:
     def next(self) -> Assignment:
         return self.next_with_position()[0]
 
-    def next_with_position(self) -> tuple[Assignment, int]:
+    def next_with_position(self, record: Callable[[Assignment, int], None] | None = None) -> tuple[Assignment, int]:
         """The next assignment and its position in the sequence: positions ``g*G .. g*G + G - 1`` are group ``g``,
-        G episodes of one (task, init state)."""
+        G episodes of one (task, init state). ``record(assignment, position)`` runs under the lock before the
+        draw counts: a process killed before the draw counts has drawn nothing, one killed after it has recorded
+        it (see ``hand_out_again``)."""
         with self.lock:
-            if int(self.replay_count[0]):
-                self.replay_count[0] -= 1
-                task, init_state, position = self.replays[int(self.replay_count[0])].tolist()
-                return Assignment(task, init_state), position
+            if count := int(self.replay_count[0]):
+                task, init_state, position = self.replays[count - 1].tolist()
+                assignment = Assignment(task, init_state)
+                if record is not None:
+                    record(assignment, position)
+                self.replay_count[0] = count - 1
+                return assignment, position
             position = int(self.position[0])
+            assignment = self._assignment_at(position)
+            if record is not None:
+                record(assignment, position)
             self.position[0] = position + 1
-            return self._assignment_at(position), position
+            return assignment, position
 
-    def hand_out_again(self, episodes: list[tuple[int, int, int]]) -> None:
-        """Episodes (task, init state, position) that were cut short: the next draws return them before any new
-        position, so every position is still played to its end once."""
+    def hand_out_again(self, envs: list[tuple[Episode, Episode]]) -> list[Episode]:
+        """The episodes that a dead worker's envs were playing, handed out again: the next draws return them
+        before any new position, so every position is still played to its end once. Each env gives two records
+        (task, init state, position), position -1 for none: the episode it held, and the draw it recorded last;
+        the draw is the env's episode if it counted (the worker died after the draw, before the env took it).
+        Returns the episodes handed out again."""
         with self.lock:
-            count = int(self.replay_count[0])
-            if count + len(episodes) > len(self.replays):
-                raise RuntimeError(f"{count + len(episodes)} episodes to hand out again, room for {len(self.replays)}")
-            if episodes:
-                self.replays[count : count + len(episodes)] = torch.tensor(episodes, dtype=torch.int64)
-            self.replay_count[0] = count + len(episodes)
+            waiting = set(self.replays[: int(self.replay_count[0]), 2].tolist())
+            next_position = int(self.position[0])
+            episodes = []
+            for held, drawn in envs:
+                counted = 0 <= drawn[2] < next_position and drawn[2] not in waiting
+                latest = drawn if counted and drawn[2] != held[2] else held
+                if latest[2] >= 0:
+                    episodes.append(latest)
+            self._wait(episodes)
+        return episodes
+
+    def _wait(self, episodes: list[Episode]) -> None:
+        """Episodes to hand out before any new position; called under the lock."""
+        count = int(self.replay_count[0])
+        if count + len(episodes) > len(self.replays):
+            raise RuntimeError(f"{count + len(episodes)} episodes to hand out again, room for {len(self.replays)}")
+        if episodes:
+            self.replays[count : count + len(episodes)] = torch.tensor(episodes, dtype=torch.int64)
+        self.replay_count[0] = count + len(episodes)
 
     def _assignment_at(self, position: int) -> Assignment:
         """The assignment at ``position``; called under the lock."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -112,7 +113,7 @@ def test_episodes_handed_out_again_come_first_with_their_positions_and_survive_a
     sequence = SharedTaskSequence.allocate(schedule, envs=4)
     drawn = [sequence.next_with_position() for _ in range(5)]
     cut = [(a.task, a.init_state, position) for a, position in drawn[1:3]]  # a dead worker's two episodes
-    sequence.hand_out_again(cut)
+    assert sequence.hand_out_again([(episode, episode) for episode in cut]) == cut
     saved = sequence.state_dict()
     resumed = SharedTaskSequence.allocate(schedule, envs=4)
     resumed.load_state_dict(saved)
@@ -120,3 +121,48 @@ def test_episodes_handed_out_again_come_first_with_their_positions_and_survive_a
         replayed = [seq.next_with_position() for _ in range(2)]
         assert sorted((a.task, a.init_state, p) for a, p in replayed) == sorted(cut)
         assert seq.next_with_position() == (schedule.at(5), 5)  # then the sequence goes on where it was
+
+
+class Killed(Exception):
+    """A worker's death inside a draw, right after it recorded the draw."""
+
+
+def test_a_worker_killed_inside_a_draw_has_its_latest_counted_draw_handed_out_again():
+    schedule = TaskSchedule(shard_pairs([4, 4], rank=0, world_size=1))
+    sequence = SharedTaskSequence.allocate(schedule, envs=4)
+    held_assignment, held_position = sequence.next_with_position()
+    held = (*held_assignment, held_position)  # the episode the env played last, in its split table
+    recorded = []
+
+    def record(assignment, position):
+        recorded.append((*assignment, position))
+
+    def record_then_die(assignment, position):
+        record(assignment, position)
+        raise Killed
+
+    # Killed after recording its next draw, before the draw counted: the draw never happened, and the env's
+    # episode is the one it held.
+    with pytest.raises(Killed):
+        sequence.next_with_position(record_then_die)
+    assert int(sequence.position[0]) == 1
+    assert sequence.hand_out_again([(held, recorded[-1])]) == [held]
+    assert sequence.next_with_position() == (held_assignment, held_position)
+    # Killed after the draw counted, before its env took it (the split table still shows the episode before):
+    # the draw is the env's episode; handing out the one before instead would skip this position for good.
+    drawn = sequence.next_with_position(record)
+    assert sequence.hand_out_again([(held, recorded[-1])]) == [recorded[-1]]
+    assert sequence.next_with_position() == drawn
+    # The same for an episode waiting to be handed out again (another dead worker's): killed before its draw
+    # counted, it still waits, once, and the env's own episode waits too; killed after, it was the env's.
+    own = recorded[-1]
+    assert sequence.hand_out_again([(held, held)]) == [held]
+    with pytest.raises(Killed):
+        sequence.next_with_position(record_then_die)
+    assert recorded[-1] == held
+    assert sequence.hand_out_again([(own, recorded[-1])]) == [own]
+    assert sequence.next_with_position() == (Assignment(*own[:2]), own[2])
+    assert sequence.next_with_position(record) == (held_assignment, held_position)
+    assert sequence.hand_out_again([(own, recorded[-1])]) == [held]
+    assert sequence.next_with_position() == (held_assignment, held_position)
+    assert sequence.next_with_position() == (schedule.at(2), 2)  # then on with the sequence, nothing skipped

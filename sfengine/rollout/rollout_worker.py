@@ -17,6 +17,7 @@ buffers go to the batcher and fresh ones are taken from this worker's free list.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -42,6 +43,7 @@ from sfengine.messages import (
     TrajectoriesReady,
     WorkerReport,
 )
+from sfengine.scheduler import Assignment
 from sfengine.spaces import ActionSpec, obs_as_dict
 from sfengine.task_sequence import SharedTaskSequence, single_task_group_seed
 
@@ -140,6 +142,7 @@ class RolloutWorker(Component):
         self.stepping_env_np = self.buffers.splits.stepping_env.numpy()  # what the runner names if this hangs
         self.assignments_np = self.buffers.splits.assignments.numpy()
         self.positions_np = self.buffers.splits.positions.numpy()  # with the assignments: what a respawn replays
+        self.drawing_np = self.buffers.splits.drawing.numpy()
         self.requests_np = self.buffers.splits.requests.numpy()
         # A respawned worker finds some of its buffers still with the batcher: they come back as usual.
         self.lends_np = self.buffers.lends.numpy()
@@ -324,6 +327,12 @@ class RolloutWorker(Component):
             self.final_obs_np[key][split.row, i] = value
         split.truncated_envs.append(i)
 
+    def _record_draw(self, row: int, env: int, assignment: Assignment, position: int) -> None:
+        """Where a respawn finds the draw if this process dies before the env takes it: the position last, so the
+        record is whole once its position is there."""
+        self.drawing_np[row, env, :2] = assignment
+        self.drawing_np[row, env, 2] = position
+
     def _reset_env(self, split: SplitRunner, i: int, seed: int | None = None) -> dict | None:
         """Start the env's next episode; None when an evaluation's episode set is exhausted (the env stops)."""
         started = time.perf_counter()
@@ -334,7 +343,9 @@ class RolloutWorker(Component):
                 # An evaluation keeps each env on its task while the task has episodes left (one simulator a task).
                 episode = self.task_sequence.next(int(split.tasks[i]))
             else:
-                episode, split.positions[i] = self.task_sequence.next_with_position()
+                episode, split.positions[i] = self.task_sequence.next_with_position(
+                    functools.partial(self._record_draw, split.row, i)
+                )
             if episode is None:
                 split.active[i] = False
                 return None
