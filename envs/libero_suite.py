@@ -50,7 +50,7 @@ import numpy as np
 from sfengine.config import AUTO, Config, ConfigError, option
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvContext
-from sfengine.multitask import TaskInfo
+from sfengine.multitask import TaskInfo, selected_init_states
 from sfengine.scheduler import shard_pairs
 from sfengine.sizing import Machine
 
@@ -422,15 +422,23 @@ def make_libero_env(suite: str, ctx: EnvContext) -> gym.Env:
         fast_step=options.libero_fast_step,
     )
     if ctx.worker_index >= 0:
-        # A rollout worker's env that keeps a simulator for every task its rank can deal it builds them all now:
-        # it would build each at its first episode of that task anyway, but envs sharing one task sequence come to
-        # every task only slowly, and a build (1-2 s) stalls the worker's other envs too.
-        ranks = RankInfo.from_environment()
+        # A rollout worker's env that keeps a simulator for every task its rank can deal it (those of --tasks, if
+        # given) builds them all now: it would build each at its first episode of that task anyway, but envs
+        # sharing one task sequence come to every task only slowly, and a build (1-2 s) stalls the worker's other
+        # envs too.
         init_states = [env.num_init_states(task) for task in range(env.num_tasks)]
-        tasks = sorted(shard_pairs(init_states, ranks.rank, ranks.world_size))
+        tasks = tasks_of_this_rank(init_states, ctx.env_config.tasks if ctx.env_config else [])
         if env.sim_cache >= len(tasks):
             env.build_simulators(tasks)
     return env
+
+
+def tasks_of_this_rank(init_states_per_task: list[int], only_tasks: list[int]) -> list[int]:
+    """The tasks this rank can deal its envs in training: those of ``--tasks`` (every task when empty), sharded
+    across the ranks of this process's job."""
+    ranks = RankInfo.from_environment()
+    counts = selected_init_states(TaskInfo([], init_states_per_task), only_tasks, "--tasks")
+    return sorted(shard_pairs(counts, ranks.rank, ranks.world_size))
 
 
 def size_libero(cfg: Config, machine: Machine, tasks: TaskInfo | None, evaluation: bool = False) -> str:
@@ -453,7 +461,12 @@ def size_libero(cfg: Config, machine: Machine, tasks: TaskInfo | None, evaluatio
         # 0.91 of the limit against 0.84 with an inference process, benchmarks/README.md). Images and GPUs keep one.
         cpu_mlp = env.libero_obs_mode == "state" and cfg.learner.device == "cpu"
         s.num_inference_workers = 0 if cpu_mlp and s.num_workers >= machine.cores else 1
-    num_tasks = len(tasks.task_names) if tasks else 1
+    if tasks is None:
+        num_tasks = 1
+    elif evaluation:
+        num_tasks = len(tasks.task_names)
+    else:
+        num_tasks = len(tasks_of_this_rank(tasks.init_states_per_task, cfg.env.tasks))
     simulator_gb = SIMULATOR_GB[env.libero_obs_mode]
     budget_gb = MEMORY_HEADROOM * machine.available_gb - OTHER_PROCESSES_GB - s.num_workers * WORKER_PROCESS_GB
 

@@ -240,15 +240,19 @@ def test_without_a_cache_every_task_switch_rebuilds_the_simulator():
         env.close()
 
 
-@pytest.mark.parametrize("world_size, rank, sim_cache, built", [(2, 1, 5, [1, 3, 5, 7, 9]), (2, 1, 4, [])])
+@pytest.mark.parametrize(
+    "world_size, rank, tasks, sim_cache, built",
+    [(2, 1, [], 5, [1, 3, 5, 7, 9]), (2, 1, [], 4, []), (1, 0, [3, 8], 10, [3, 8]), (2, 1, [0, 3, 8], 10, [3])],
+)
 def test_a_training_env_with_room_for_every_task_of_its_rank_builds_their_simulators_at_start(
-    monkeypatch, world_size, rank, sim_cache, built
+    monkeypatch, world_size, rank, tasks, sim_cache, built
 ):
     # Rank 1 of 2 deals tasks 1, 3, 5, 7, 9: an env keeping 5 simulators builds those five before its first reset
-    # (no build stalls its worker later); one keeping 4 builds none until a reset asks for a task.
+    # (no build stalls its worker later); one keeping 4 builds none until a reset asks for a task. With --tasks,
+    # only the chosen tasks of its rank (rank 1 of 2 is dealt the second of 0, 3, 8).
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
     monkeypatch.setenv("RANK", str(rank))
-    env = make_env("libero_object", libero_sim_cache=sim_cache)
+    env = make_env("libero_object", libero_sim_cache=sim_cache, tasks=tasks)
     try:
         assert sorted(env.sims) == built and env.sims_built == len(built)
         env.reset(options={"task": 3, "init_state": 0})
@@ -311,6 +315,14 @@ def test_libero_defaults_size_workers_and_simulator_caches_from_cores_and_memory
     assert cfg.sampler.num_workers == machine.cores
     assert cfg.sampler.num_envs_per_worker == envs_per_worker and cfg.get("libero_sim_cache") == sim_cache
     assert line.startswith("auto: ") and f"{machine.available_gb:.1f} GB available" in line
+
+
+def test_libero_simulator_cache_is_sized_for_the_tasks_of_the_run(tmp_path):
+    # --tasks=0,1,2: an env is dealt three tasks, so it keeps three simulators, not one for each of the suite's 10.
+    cfg = parse_config(["--env=libero_object", "--tasks=0,1,2", f"--train_dir={tmp_path}"])
+    tasks = TaskInfo([f"t{i}" for i in range(10)], [50] * 10)
+    line = resolve_auto_options(cfg, env_sizer("libero_object"), tasks, Machine(cores=2, available_gb=23.0))
+    assert cfg.get("libero_sim_cache") == 3 and "keeping 3 of 3 task simulators" in line, line
 
 
 @pytest.mark.parametrize(
