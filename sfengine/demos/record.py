@@ -27,6 +27,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ DEMOS_HELP = (
     "Records the successful episodes of the env's scripted demonstrator as an HDF5 dataset (LIBERO's layout) for "
     "sfengine.pretrain. Env options (--libero_obs_mode, ...) and --num_workers apply as in sfengine.train."
 )
+STOP_POLL_SEC = 0.1  # how often the recording looks for a SIGINT or SIGTERM while the pool works
 SINGLE_TASK_SEEDS = 1_000_000  # a single-task env's episode k of process p is seeded p * this + k
 
 
@@ -237,7 +239,13 @@ def record(cfg: Config, options: DemosOptions) -> tuple[Path | None, list[TaskRe
         ]
         context = multiprocessing.get_context("spawn")
         with context.Pool(min(processes, len(jobs)), initializer=_start_process, initargs=(cfg,)) as pool:
-            for report in pool.imap_unordered(_run_job, args):
+            results = pool.imap_unordered(_run_job, args)
+            while len(reports) < len(args):
+                try:
+                    report = results.next(timeout=STOP_POLL_SEC)
+                except multiprocessing.TimeoutError:
+                    _raise_if_stop_requested()
+                    continue
                 reports.append(report)
                 print(_report_line(report), flush=True)
         reports.sort(key=lambda r: r.task)
@@ -248,6 +256,7 @@ def record(cfg: Config, options: DemosOptions) -> tuple[Path | None, list[TaskRe
         meta = {"demonstrator": type(env_demonstrator(cfg.env.env)()).__name__, "options": asdict(options)}
         with DemoWriter(output, env=cfg.env.env, obs_mode=obs_mode, meta=meta) as writer:
             for shard in shards:
+                _raise_if_stop_requested()  # a stop during the merge leaves no file: the writer drops its temporary
                 for demo in read_demos(shard).demos:
                     writer.add(demo)
         return output, reports
@@ -279,8 +288,22 @@ def write_report(path: Path, reports: list[TaskReport], options: DemosOptions, s
     return report_path
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+class Interrupted(Exception):
+    """A SIGINT or SIGTERM asked the recording to stop."""
+
+
+_stop_requested = threading.Event()
+
+
+def _request_stop(signum, frame) -> None:
+    # Only a flag: an exception raised from a signal handler surfaces wherever the main thread happens to be,
+    # and inside a weakref callback or a destructor Python prints it and carries on, so the recording would finish.
+    _stop_requested.set()
+
+
+def _raise_if_stop_requested() -> None:
+    if _stop_requested.is_set():
+        raise Interrupted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,19 +319,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sfengine.demos: error: {exc}", file=sys.stderr)
         return 2
     started = time.time()
-    # A SIGTERM (a job scheduler, `timeout`) stops the recording as Ctrl-C does: the pool ends and the scratch
-    # folder of partial shards is removed on the way out.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # A SIGTERM (a job scheduler, `timeout`) or Ctrl-C stops the recording within STOP_POLL_SEC, or before the
+    # merge's next shard: the pool ends and the scratch folder of partial shards is removed on the way out.
+    _stop_requested.clear()
+    previous = {signum: signal.signal(signum, _request_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         output, reports = record(cfg, options)
     except ConfigError as exc:
         print(f"sfengine.demos: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except Interrupted:
         print("sfengine.demos: interrupted; nothing written", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if output is None:
         print("sfengine.demos: no episode succeeded; nothing written", file=sys.stderr)
         return 1

@@ -70,13 +70,16 @@ def test_failed_episodes_are_counted_and_left_out(tmp_path):
 def test_a_recording_stopped_by_sigterm_leaves_no_scratch_folder_no_file_and_no_process(tmp_path):
     output = tmp_path / "stopped.hdf5"
     command = [sys.executable, "-m", "sfengine.demos", f"--train_dir={tmp_path}", "--env=multitask_reach"]
-    command += ["--demos_per_task=100000", "--num_workers=2", f"--demos_output={output}"]
+    # Attempts enough that the recording cannot finish before the signal: only the stop can end it.
+    command += ["--demos_per_task=100000", "--demo_attempts_per_task=100000", "--num_workers=2"]
+    command += [f"--demos_output={output}"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    # The pool records into shards in a scratch folder beside the output: stop it once the shards are being written.
-    while not list(tmp_path.glob(".demos_*/job_*.hdf5")) and time.monotonic() < deadline and process.poll() is None:
+    # The pool records into shards in a scratch folder beside the output, each a temporary file until its job
+    # ends: stop the recording once the shards are being written.
+    while not list(tmp_path.glob(".demos_*/.job_*.tmp")) and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.1)
-    assert list(tmp_path.glob(".demos_*/job_*.hdf5")), "the recording never started its shards"
+    assert list(tmp_path.glob(".demos_*/.job_*.tmp")), "the recording never started its shards"
     children = [
         int(pid)
         for pid in subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
