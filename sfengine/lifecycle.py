@@ -87,3 +87,41 @@ def install_signal_handlers(runner: Component) -> dict:
     for signum in (os_signal.SIGINT, os_signal.SIGTERM):
         previous[signum] = os_signal.signal(signum, handler)
     return previous
+
+
+class StopSignals:
+    """For the one-process commands (``sfengine.demos``, ``sfengine.pretrain``): within ``with``, a SIGINT or
+    SIGTERM only sets a flag, which the command checks where stopping is safe (between jobs, after an optimiser
+    step) and acts on with ``raise_if_requested``. Outside, the previous handlers are back.
+
+    A flag, not an exception raised from the handler: that exception would surface wherever the main thread
+    happens to be, and inside a weakref callback or a destructor Python prints it and carries on.
+
+    >>> with StopSignals() as stop:
+    ...     for batch in batches:
+    ...         step(batch)
+    ...         stop.raise_if_requested()  # Interrupted, naming the signal
+    """
+
+    class Interrupted(Exception):
+        """A SIGINT or SIGTERM asked the command to stop."""
+
+    def __init__(self):
+        self.signal_name: str | None = None  # the first signal received
+        self.previous: dict = {}
+
+    def __enter__(self) -> StopSignals:
+        for signum in (os_signal.SIGINT, os_signal.SIGTERM):
+            self.previous[signum] = os_signal.signal(signum, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            os_signal.signal(signum, handler)
+
+    def _handler(self, signum, _frame) -> None:
+        self.signal_name = self.signal_name or os_signal.Signals(signum).name
+
+    def raise_if_requested(self) -> None:
+        if self.signal_name is not None:
+            raise StopSignals.Interrupted(self.signal_name)

@@ -12,8 +12,9 @@ initialised. ``train_dir/<experiment>/`` then holds what a training run leaves: 
 (policy version 0, 0 env steps), ``tensorboard/`` (``pretrain/train_loss``, ``pretrain/validation_loss`` per
 epoch) and ``summary.json``.
 
-Exit codes: 0 done (also after Ctrl-C, with the epochs so far saved), 2 bad input (options, demonstrations that
-do not fit the env, an experiment that already has checkpoints), reported on one line.
+Exit codes: 0 done (also after Ctrl-C or SIGTERM, which stop after the optimiser step under way and save the
+checkpoint), 2 bad input (options, demonstrations that do not fit the env, an experiment that already has
+checkpoints), reported on one line.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from sfengine.learning.behavior_cloning import (
     train_epoch,
     validation_loss,
 )
+from sfengine.lifecycle import StopSignals
 from sfengine.progress import format_duration
 from sfengine.spaces import ActionSpec, ObsSpec
 from sfengine.train import build_model, prepare_experiment_dir, probe_env
@@ -216,19 +218,27 @@ def pretrain(
         writer.add_scalar("pretrain/validation_loss", losses["validation"][0], 0)
     progress = ProgressLine(epochs, -(-len(train) // batch_size))
     stop_reason = f"trained for {epochs} epochs"
+
+    def after_step(done: int, loss: float) -> None:
+        progress.step(done, loss)
+        stop.raise_if_requested()  # after a whole optimiser step, so the checkpoint below is a consistent one
+
     try:
-        for epoch in range(1, epochs + 1):
-            progress.epoch = epoch
-            train_loss = train_epoch(model, optimizer, train, batch_size, generator, progress.step)
-            val_loss = validate()
-            losses["train"].append(train_loss)
-            losses["validation"].append(val_loss)
-            writer.add_scalar("pretrain/train_loss", train_loss, epoch)
-            if val_loss is not None:
-                writer.add_scalar("pretrain/validation_loss", val_loss, epoch)
-            progress.epoch_done(epoch, train_loss, val_loss, started)
-    except KeyboardInterrupt:
-        stop_reason = f"interrupted after {len(losses['train'])} epochs"
+        with StopSignals() as stop:
+            for epoch in range(1, epochs + 1):
+                progress.epoch = epoch
+                train_loss = train_epoch(model, optimizer, train, batch_size, generator, after_step)
+                val_loss = validate()
+                losses["train"].append(train_loss)
+                losses["validation"].append(val_loss)
+                writer.add_scalar("pretrain/train_loss", train_loss, epoch)
+                if val_loss is not None:
+                    writer.add_scalar("pretrain/validation_loss", val_loss, epoch)
+                progress.epoch_done(epoch, train_loss, val_loss, started)
+    except StopSignals.Interrupted as exc:
+        # The steps of the unfinished epoch stay in the weights; the losses list whole epochs only.
+        stop_reason = f"interrupted by {exc} after {len(losses['train'])} epochs"
+        print(f"\nsfengine.pretrain: {stop_reason}: saving a checkpoint", file=sys.stderr, flush=True)
     action_std = fit_action_std(model, train, batch_size)
     fitted_loss = validate() if action_std is not None else None  # the loss of the checkpoint's std
     if fitted_loss is not None:

@@ -24,10 +24,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,6 +45,7 @@ from sfengine.config import (
 from sfengine.demos.dataset import Demo, DemoWriter, read_demos
 from sfengine.env_registry import env_context, env_demonstrator, env_sizer, resolve_env_factory
 from sfengine.event_loop import die_with_parent
+from sfengine.lifecycle import StopSignals
 from sfengine.multitask import TaskInfo
 from sfengine.sizing import Machine, resolve_auto_options
 from sfengine.spaces import obs_as_dict
@@ -217,8 +216,11 @@ def default_output(cfg: Config) -> Path:
     return Path(cfg.run.train_dir) / "demos" / f"{cfg.env.env}_{obs_mode_of(cfg)}.hdf5"
 
 
-def record(cfg: Config, options: DemosOptions) -> tuple[Path | None, list[TaskReport]]:
-    """Record the demos; the file written (None if no episode succeeded) and the per-task reports."""
+def record(cfg: Config, options: DemosOptions, stop: StopSignals | None = None) -> tuple[Path | None, list[TaskReport]]:
+    """Record the demos; the file written (None if no episode succeeded) and the per-task reports. A signal that
+    ``stop`` caught ends the recording within STOP_POLL_SEC, or before the merge's next shard, with nothing written.
+    """
+    stop = stop or StopSignals()  # not entered: never stops
     if env_demonstrator(cfg.env.env) is None:
         raise ConfigError(
             f"--env={cfg.env.env} has no scripted demonstrator; register one with "
@@ -244,7 +246,7 @@ def record(cfg: Config, options: DemosOptions) -> tuple[Path | None, list[TaskRe
                 try:
                     report = results.next(timeout=STOP_POLL_SEC)
                 except multiprocessing.TimeoutError:
-                    _raise_if_stop_requested()
+                    stop.raise_if_requested()
                     continue
                 reports.append(report)
                 print(_report_line(report), flush=True)
@@ -256,7 +258,7 @@ def record(cfg: Config, options: DemosOptions) -> tuple[Path | None, list[TaskRe
         meta = {"demonstrator": type(env_demonstrator(cfg.env.env)()).__name__, "options": asdict(options)}
         with DemoWriter(output, env=cfg.env.env, obs_mode=obs_mode, meta=meta) as writer:
             for shard in shards:
-                _raise_if_stop_requested()  # a stop during the merge leaves no file: the writer drops its temporary
+                stop.raise_if_requested()  # a stop during the merge leaves no file: the writer drops its temporary
                 for demo in read_demos(shard).demos:
                     writer.add(demo)
         return output, reports
@@ -288,24 +290,6 @@ def write_report(path: Path, reports: list[TaskReport], options: DemosOptions, s
     return report_path
 
 
-class Interrupted(Exception):
-    """A SIGINT or SIGTERM asked the recording to stop."""
-
-
-_stop_requested = threading.Event()
-
-
-def _request_stop(signum, frame) -> None:
-    # Only a flag: an exception raised from a signal handler surfaces wherever the main thread happens to be,
-    # and inside a weakref callback or a destructor Python prints it and carries on, so the recording would finish.
-    _stop_requested.set()
-
-
-def _raise_if_stop_requested() -> None:
-    if _stop_requested.is_set():
-        raise Interrupted
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser("python -m sfengine.demos", DEMOS_HELP)
@@ -319,21 +303,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sfengine.demos: error: {exc}", file=sys.stderr)
         return 2
     started = time.time()
-    # A SIGTERM (a job scheduler, `timeout`) or Ctrl-C stops the recording within STOP_POLL_SEC, or before the
-    # merge's next shard: the pool ends and the scratch folder of partial shards is removed on the way out.
-    _stop_requested.clear()
-    previous = {signum: signal.signal(signum, _request_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    # A SIGTERM (a job scheduler, `timeout`) stops the recording as Ctrl-C does: the pool ends and the scratch
+    # folder of partial shards is removed on the way out.
     try:
-        output, reports = record(cfg, options)
+        with StopSignals() as stop:
+            output, reports = record(cfg, options, stop)
     except ConfigError as exc:
         print(f"sfengine.demos: error: {exc}", file=sys.stderr)
         return 2
-    except Interrupted:
-        print("sfengine.demos: interrupted; nothing written", file=sys.stderr)
+    except StopSignals.Interrupted as exc:
+        print(f"sfengine.demos: interrupted by {exc}; nothing written", file=sys.stderr)
         return 1
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     if output is None:
         print("sfengine.demos: no episode succeeded; nothing written", file=sys.stderr)
         return 1

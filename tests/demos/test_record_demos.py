@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from helpers import start
 from sfengine.demos import read_demos
 
 requires_libero = pytest.mark.skipif(
@@ -73,7 +74,7 @@ def test_a_recording_stopped_by_sigterm_leaves_no_scratch_folder_no_file_and_no_
     # Attempts enough that the recording cannot finish before the signal: only the stop can end it.
     command += ["--demos_per_task=100000", "--demo_attempts_per_task=100000", "--num_workers=2"]
     command += [f"--demos_output={output}"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # killed if the test fails
     deadline = time.monotonic() + 120
     # The pool records into shards in a scratch folder beside the output, each a temporary file until its job
     # ends: stop the recording once the shards are being written.
@@ -87,7 +88,7 @@ def test_a_recording_stopped_by_sigterm_leaves_no_scratch_folder_no_file_and_no_
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1, stderr
-    assert "interrupted; nothing written" in stderr
+    assert "interrupted by SIGTERM; nothing written" in stderr
     assert not list(tmp_path.glob(".demos_*")) and not output.exists()
     assert children
     while [pid for pid in children if os.path.exists(f"/proc/{pid}")] and time.monotonic() < deadline:

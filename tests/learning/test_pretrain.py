@@ -8,6 +8,7 @@ episodes when it samples, never with its mode (0 everywhere).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import evaluate, run_train
+from helpers import evaluate, run_train, start
 from sfengine import pretrain, train
 from sfengine.checkpoint import list_checkpoints
 from sfengine.demos.dataset import Demo, DemoSet, write_demos
@@ -193,6 +194,24 @@ def test_a_flow_head_clones_chunks_of_two_and_evaluates(demo_file, train_dir):
     assert config["learner"]["algo"] == "flow_sar" and config["model"]["action_chunk"] == 2
     result = evaluate(f"--train_dir={train_dir}", "--experiment=flow", "--eval_episodes=8", "--num_workers=1")
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_a_sigterm_stops_cloning_after_a_whole_step_and_saves_what_it_learned(demo_file, tmp_path):
+    command = [sys.executable, "-m", "sfengine.pretrain", f"--demos={demo_file}", f"--train_dir={tmp_path}"]
+    command += ["--experiment=stopped", "--pretrain_epochs=1000000", "--pretrain_batch_size=32"]
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # killed if the test fails
+    for line in process.stderr:  # not a terminal: one line per epoch
+        if line.startswith("epoch 2/"):
+            break
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err[-3000:]
+    summary = read_json(tmp_path / "stopped" / "summary.json")
+    assert summary["stop_reason"] == f"interrupted by SIGTERM after {summary['epochs']} epochs", summary
+    assert 2 <= summary["epochs"] < 1000000 and len(summary["train_loss"]) == summary["epochs"]
+    assert summary["validation_loss"][-1] < summary["validation_loss"][0]
+    checkpoint = torch.load(list_checkpoints(tmp_path / "stopped")[-1], weights_only=False)
+    assert checkpoint["pretrain"]["demos"] == str(demo_file) and "done: interrupted by SIGTERM" in out
 
 
 def test_bad_demonstrations_or_a_taken_experiment_exit_2_with_one_line(demo_file, tmp_path, train_dir, capsys):
