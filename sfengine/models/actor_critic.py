@@ -346,11 +346,18 @@ class ActorCritic(nn.Module):
         the policy parameters are the features the velocity network is conditioned on."""
         inputs = self._inputs(obs)
         features = self._encode(self.encoders, inputs)
-        params = features if self.flow_head is not None else self.policy_head(features)
+        params = self._policy_params(features)
         if self.value_head is None:
             return params, features.new_zeros(features.shape[0])
         value_features = features if self.value_encoders is None else self._encode(self.value_encoders, inputs)
         return params, self._values(value_features, in_critic_units)
+
+    def policy_params(self, obs: dict[str, Tensor]) -> Tensor:
+        """The actor alone: the policy parameters [N, P] that ``forward`` returns, without running the critic."""
+        return self._policy_params(self.policy_features(obs))
+
+    def _policy_params(self, features: Tensor) -> Tensor:
+        return features if self.flow_head is not None else self.policy_head(features)
 
     def policy_features(self, obs: dict[str, Tensor]) -> Tensor:
         """The actor's encoder features [N, F]: what the flow head is conditioned on."""

@@ -202,6 +202,24 @@ def test_separate_critic_has_encoders_of_its_own_and_its_loss_leaves_the_policy_
     assert all(p.grad is not None for p in shared.encoders.parameters())
 
 
+@pytest.mark.parametrize(
+    "action_space, options",
+    [
+        (gym.spaces.Discrete(3), {}),
+        (gym.spaces.Box(-1.0, 1.0, (2,), np.float32), {"actor_critic": "separate"}),
+        (gym.spaces.Box(-1.0, 1.0, (2,), np.float32), {"continuous_log_std": "state_dependent"}),
+        (gym.spaces.Box(-1.0, 1.0, (2,), np.float32), {"policy_head": "flow"}),
+    ],
+)
+def test_the_actor_alone_gives_the_policy_parameters_of_the_full_forward_and_runs_no_critic(action_space, options):
+    torch.manual_seed(8)
+    model = make_model(action_space, **options)
+    obs = {"obs": torch.randn(16, 4)}
+    assert torch.equal(model.policy_params(obs), model(obs)[0])
+    model.policy_params(obs).pow(2).sum().backward()  # what --kl_coeff's reference runs: the critic stays idle
+    assert all(p.grad is None for p in model.value_head.parameters())
+
+
 def test_vector_keys_share_one_mlp_so_the_policy_can_combine_them():
     # The mean action has to be the product of two keys' values. Features computed per key and joined only in the
     # linear head can express f(a) + g(b) at best, which for independent uniform a, b explains none of a*b's
