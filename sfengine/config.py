@@ -376,6 +376,11 @@ class EvalConfig:
         "training evaluator, multi-task envs: episodes of each task per evaluation (0: every init state); the "
         "init states cycle across evaluations, so over time every one is seen",
     )
+    eval_at_end: bool = option(
+        True,
+        "training evaluator: also evaluate the final weights once training's workers have stopped, when the run "
+        "ends by its step or time limit or a --stop_at target (not after a signal or a failure)",
+    )
 
 
 GROUPS: dict[str, type] = {

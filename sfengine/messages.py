@@ -87,6 +87,7 @@ class EvalResult(NamedTuple):
     policy_version: int
     episodes: list[EpisodeStats]
     wall_sec: float
+    final: bool = False  # the run's end-of-training evaluation (--eval_at_end)
 
 
 class EvaluatorReport(NamedTuple):

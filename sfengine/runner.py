@@ -6,8 +6,10 @@ Processes (multi-process mode):
     rollout_worker_k: RolloutWorker k            (num_workers processes)
     inference_i:      InferenceWorker i          (num_inference_workers processes; 0: each rollout worker acts)
     learner:          LearnerWorker + a thread running the Batcher's loop
+    evaluator:        TrainingEvaluator          (rank 0, with --eval_every_env_steps)
 
-In serial mode every component lives on the runner's loop.
+In serial mode every component lives on the runner's loop. A stop ends the training components first; the
+evaluator then evaluates the final weights (--eval_at_end, FinalEvaluation) and ends last.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory
 from sfengine.evaluation.episode_queue import SINGLE_TASK
 from sfengine.evaluation.report import EvalReport
-from sfengine.evaluation.training_evaluator import TrainingEvaluator
+from sfengine.evaluation.training_evaluator import EVALUATOR_PROCESS, FinalEvaluation, TrainingEvaluator
 from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
 from sfengine.hang_watch import HangWatch
 from sfengine.inference.inference_worker import InferenceWorker, connect_inference
@@ -95,15 +97,16 @@ def connect_components(runner: Runner, c: Components) -> None:
         runner.inference_respawned.connect(worker.on_inference_respawned)
     if isinstance(c.batcher, GroupBatcher):
         runner.episodes_dropped.connect(c.batcher.on_episodes_dropped)
-    components = [*c.workers, *c.inference_workers, c.learner]
-    if c.evaluator is not None:
-        runner.evaluate.connect(c.evaluator.on_evaluate)
-        c.evaluator.evaluation_done.connect(runner.on_evaluation_done)
-        c.evaluator.report.connect(runner.on_evaluator_report)
-        components.append(c.evaluator)
-    for component in components:
+    for component in (*c.workers, *c.inference_workers, c.learner):
         component.event_loop.start.connect(component.on_start)
         runner.stop.connect(component.on_stop)
+    if c.evaluator is not None:
+        c.evaluator.event_loop.start.connect(c.evaluator.on_start)
+        runner.evaluate.connect(c.evaluator.on_evaluate)
+        runner.evaluate_final.connect(c.evaluator.on_evaluate_final)
+        runner.stop_evaluator.connect(c.evaluator.on_stop)  # after training's components (FinalEvaluation)
+        c.evaluator.evaluation_done.connect(runner.on_evaluation_done)
+        c.evaluator.report.connect(runner.on_evaluator_report)
 
 
 def print_stack(process: EngineProcess) -> None:
@@ -158,6 +161,7 @@ class Runner(Component):
         every = cfg.eval.eval_every_env_steps
         self.next_evaluation = (initial_env_steps // every + 1) * every if every else None
         self.evaluations: list[dict] = []  # the training evaluator's results, for summary.json
+        self.final_evaluation = FinalEvaluation(cfg.eval.eval_at_end) if every and self.leads else None
 
     @signal
     def stop(self): ...
@@ -170,6 +174,12 @@ class Runner(Component):
 
     @signal
     def evaluate(self): ...
+
+    @signal
+    def evaluate_final(self): ...
+
+    @signal
+    def stop_evaluator(self): ...
 
     @signal
     def inference_respawned(self): ...
@@ -224,6 +234,7 @@ class Runner(Component):
 
     def on_evaluator_report(self, report: EvaluatorReport) -> None:
         self.stats.add_evaluator_report(report)
+        self.final_evaluation.heard(report)
 
     def on_evaluation_done(self, result: EvalResult) -> None:
         """An evaluation of the weights of ``result.policy_version``: TensorBoard, a line, and summary.json."""
@@ -240,10 +251,14 @@ class Runner(Component):
         }
         if report.tasks:
             record["per_task_success"] = {task.name: task.success_rate for task in report.tasks}
+        if result.final:
+            record["final"] = True
         self.evaluations.append(record)
+        self.final_evaluation.on_result(self, result)
         success = f"success {overall.success_rate:.3f}, " if overall.success_rate is not None else ""
         print(
-            f"evaluation at {result.env_steps:,} env steps (policy version {result.policy_version}): {success}"
+            f"{'final evaluation' if result.final else 'evaluation'} at {result.env_steps:,} env steps "
+            f"(policy version {result.policy_version}): {success}"
             f"return {overall.return_mean:.2f} over {overall.episodes} episodes in {result.wall_sec:.1f} s",
             flush=True,
         )
@@ -275,6 +290,8 @@ class Runner(Component):
         self.stop_reason, self.exit_code = reason, exit_code
         self.stop_started = time.time()
         self.stop.emit()
+        if self.final_evaluation is not None:
+            self.final_evaluation.on_stop(self)
 
     def _watch(self) -> None:
         """Conditions no component can signal: the clock, OS signals, processes that died; then the shutdown."""
@@ -296,9 +313,11 @@ class Runner(Component):
             elif self.hang_watch is not None and (stuck := self.hang_watch.learner_hung()):
                 self._stop_hung_learner(stuck)
             return
-        children_done = all(not p.is_alive() for p in self.processes)
-        if (self.processes and children_done) or (not self.processes and self.stats.final_learner_report):
-            self.event_loop.stop()
+        training = [p for p in self.processes if p.name != EVALUATOR_PROCESS]
+        training_done = all(not p.is_alive() for p in training) if training else self.stats.final_learner_report
+        if training_done:
+            if self.final_evaluation is None or self.final_evaluation.over(self):
+                self.event_loop.stop()
         elif starting := self._still_starting():
             names = ", ".join(p.name.removesuffix("_process") for p in starting)
             log.warning("%s still starting as the run stops; ending it (it holds no trajectories yet)", names)
@@ -324,7 +343,8 @@ class Runner(Component):
         """Components still running STOP_TIMEOUT_SEC into the stop are terminated. Only the learner's failing to
         stop costs anything (its final checkpoint), so only that changes the exit code: workers stuck in an env or
         a device call, once training is over, do not make a finished run a failed one."""
-        stragglers = [p for p in self.processes if p.is_alive()]
+        # The evaluator is not one: it goes on during training's stop (FinalEvaluation), and is ended with them.
+        stragglers = [p for p in self.processes if p.is_alive() and p.name != EVALUATOR_PROCESS]
         names = ", ".join(p.name.removesuffix("_process") for p in stragglers)
         learner = any(p.name == "learner_process" for p in stragglers)
         log.error(

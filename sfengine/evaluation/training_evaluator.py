@@ -8,7 +8,8 @@
     Runner <--report(EvaluatorReport)------+   its CPU share in the status line's time split
 
 It plays ``envs_per_split`` envs side by side, one batched forward per step. A request that arrives during an
-evaluation is dropped: evaluations never queue up behind a slow env. Multi-task envs: every task, with
+evaluation is dropped: evaluations never queue up behind a slow env. At the run's end (``FinalEvaluation``) it
+evaluates the final weights once training's other components have ended, then stops. Multi-task envs: every task, with
 ``--eval_episodes_per_task`` init states each, cycling across evaluations; single-task envs: seeds 0..N-1.
 """
 
@@ -27,6 +28,7 @@ from sfengine.cpu_threads import set_cpu_threads
 from sfengine.env_registry import EnvFactory, env_context
 from sfengine.evaluation.episode_queue import SINGLE_TASK, EvalEpisode, training_evaluation_episodes
 from sfengine.event_loop import Component, stop_own_loop
+from sfengine.lifecycle import STOP_TIMEOUT_SEC, terminate_processes
 from sfengine.messages import EpisodeStats, EvalResult, EvaluatorReport
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo
@@ -54,6 +56,7 @@ class TrainingEvaluator(Component):
         self.evaluations = 0
         self.pending: list[EvalEpisode] = []
         self.stopped = False
+        self.final = False  # the evaluation under way is the end-of-run one
 
     @signal
     def evaluation_done(self): ...
@@ -86,6 +89,21 @@ class TrainingEvaluator(Component):
         """Start an evaluation of the weights published now, unless one is running."""
         if self.pending or any(self.playing) or self.stopped:
             return
+        self.final = False
+        self._begin(env_steps)
+
+    def on_evaluate_final(self, env_steps: int) -> None:
+        """Evaluate the final weights (the learner has ended): an evaluation under way, of older weights, is
+        dropped."""
+        if self.stopped:
+            return
+        self.final = True
+        if (self.pending or any(self.playing)) and self.version == int(self.weights.version[0]):
+            return  # the evaluation under way is of the final weights already
+        self.pending, self.playing = [], [None] * len(self.envs)
+        self._begin(env_steps)
+
+    def _begin(self, env_steps: int) -> None:
         started = time.perf_counter()
         self.version = self.weights.pull(self.model)
         self.env_steps = env_steps
@@ -170,7 +188,7 @@ class TrainingEvaluator(Component):
         self.envs[i] = self.env_factory(self.contexts[i])
 
     def _finish(self) -> None:
-        result = EvalResult(self.env_steps, self.version, self.finished, time.time() - self.eval_started)
+        result = EvalResult(self.env_steps, self.version, self.finished, time.time() - self.eval_started, self.final)
         self.evaluation_done.emit(result)
 
     def _send_report(self) -> None:
@@ -185,3 +203,85 @@ class TrainingEvaluator(Component):
         for env in getattr(self, "envs", []):
             env.close()
         stop_own_loop(self)
+
+
+EVALUATOR_PROCESS = "evaluator_process"
+
+
+class FinalEvaluation:
+    """The training evaluator's part in a run's stop, kept by the runner of rank 0 (``runner`` below: its
+    ``processes``, ``exit_code``, ``interrupts``, ``stats`` and its signals ``evaluate_final`` and
+    ``stop_evaluator``). The evaluator is not stopped with training's components; once they have ended, the
+    learner's last weights are the published ones, and with --eval_at_end a run that ended as planned evaluates
+    them before it exits.
+
+        stop ──> rollout, inference, learner end ──> evaluate_final ──> EvalResult(final) ──> stop_evaluator
+                 (an evaluation under way goes on)   (and is dropped)
+
+    A signal, a failure, the evaluator's death or a minute without a report of it playing ends the wait, without a
+    result.
+    """
+
+    def __init__(self, wanted: bool):
+        self.wanted = wanted
+        self.phase = "training"  # then "evaluating", then "stopping"
+        self.clock = 0.0  # evaluating: when the evaluator was last heard from; stopping: when it was asked to stop
+        self.stopping_ticks = 0
+
+    def on_stop(self, runner) -> None:
+        """The run's stop has begun: without a final evaluation the evaluator stops with the rest."""
+        if not self.wanted or runner.exit_code or runner.interrupts:
+            self._stop_evaluator(runner)
+
+    def heard(self, report: EvaluatorReport) -> None:
+        if self.phase == "evaluating" and report.busy_sec > 0:  # playing, not idle
+            self.clock = time.time()
+
+    def on_result(self, runner, result: EvalResult) -> None:
+        if result.final:
+            self._stop_evaluator(runner)
+
+    def over(self, runner) -> bool:
+        """Each watch tick once training's components have ended: whether the evaluator has ended too."""
+        evaluator = next((p for p in runner.processes if p.name == EVALUATOR_PROCESS), None)
+        # Serial mode has no processes: the evaluator lives on the runner's loop and ends with it.
+        gone = evaluator is not None and not evaluator.is_alive()
+        if self.phase == "training":
+            last = runner.evaluations[-1] if runner.evaluations else None
+            if runner.exit_code or runner.interrupts or gone:
+                self._stop_evaluator(runner)
+            elif last is not None and last["policy_version"] == runner.stats.policy_version:
+                last["final"] = True
+                print(
+                    f"final evaluation at {last['env_steps']:,} env steps (policy version {last['policy_version']}): "
+                    "the last evaluation's, of these weights",
+                    flush=True,
+                )
+                self._stop_evaluator(runner)
+            else:
+                self.phase, self.clock = "evaluating", time.time()
+                print("training has stopped; evaluating the final policy (--eval_at_end)", flush=True)
+                runner.evaluate_final.emit(runner.stats.env_steps)
+            return False
+        if self.phase == "evaluating":
+            idle = time.time() - self.clock > STOP_TIMEOUT_SEC
+            if runner.interrupts or gone or idle:
+                why = "a signal" if runner.interrupts else "the evaluator ended" if gone else "the evaluator is idle"
+                log.error("the final evaluation was cut short: %s", why)
+                self._stop_evaluator(runner)
+            return False
+        self.stopping_ticks += 1
+        if evaluator is None:
+            return self.stopping_ticks > 1  # a tick for the evaluator's on_stop to run on the shared loop
+        if gone:
+            return True
+        if time.time() - self.clock > STOP_TIMEOUT_SEC:
+            log.error("the evaluator did not stop within %.0f s; terminating it", STOP_TIMEOUT_SEC)
+            terminate_processes([evaluator])
+            return True
+        return False
+
+    def _stop_evaluator(self, runner) -> None:
+        if self.phase != "stopping":
+            self.phase, self.clock = "stopping", time.time()
+            runner.stop_evaluator.emit()

@@ -252,7 +252,9 @@ class PPOTrainer:
         if self.kl_reference is not None:
             diagnostics = losses.diagnostics  # the surrogate's own: read before the penalty's gradient joins it
             with torch.no_grad():
-                reference_log_probs, _ = self.kl_reference.log_prob_entropy(self.kl_reference.policy_params(obs), actions)
+                reference_log_probs, _ = self.kl_reference.log_prob_entropy(
+                    self.kl_reference.policy_params(obs), actions
+                )
             kl = kl_penalty(log_probs, reference_log_probs)
             loss = loss + cfg.kl_coeff * kl
             extra["kl_to_reference"] = float(kl.detach())

@@ -401,14 +401,18 @@ def test_second_sigint_forces_the_exit_and_leaves_no_process(train_dir):
 def test_sigterm_to_the_whole_process_group_stops_cleanly_with_a_checkpoint(train_dir):
     # Job schedulers (and `timeout`) send SIGTERM to every process of the job at once, not only to the runner.
     shm_before = shm_entries()
-    process = start_long_training(train_dir, "terminated", start_new_session=True)
+    # With a training evaluator (whose first evaluation is never due): a signal's stop skips --eval_at_end.
+    evaluator = "--eval_every_env_steps=1000000000"
+    process = start_long_training(train_dir, "terminated", evaluator, start_new_session=True)
     children = psutil.Process(process.pid).children(recursive=True)
+    assert "sfe-evaluator" in [child.name() for child in children]
     os.killpg(process.pid, signal.SIGTERM)
     output = process.communicate(timeout=120)[0]
     assert process.returncode == 0, output
     assert "SIGTERM: saving a checkpoint and stopping" in output
     summary = read_summary(train_dir, "terminated")
-    assert summary["stop_reason"] == "interrupted by a signal"
+    assert summary["stop_reason"] == "interrupted by a signal" and "eval" not in summary
+    assert "evaluating the final policy" not in output
     (checkpoint,) = (train_dir / "terminated" / "checkpoints").glob("checkpoint_*.pt")
     assert checkpoint.name.endswith(f"_{summary['env_steps']}.pt")  # saved by the learner at the stop
     _, alive = psutil.wait_procs(children, timeout=10)

@@ -27,11 +27,18 @@ def test_capped_evaluations_cycle_through_every_init_state():
 
 
 def test_evaluator_reports_per_task_success_to_tensorboard_and_summary(train_dir):
-    args = ["--env=multitask_toy", "--train_for_env_steps=20000", "--num_workers=1", "--eval_every_env_steps=4000"]
+    # Evaluations are due at 6000, 12000 and 18000 env steps, none at the end: the final one runs anew.
+    args = ["--env=multitask_toy", "--train_for_env_steps=20000", "--num_workers=1", "--eval_every_env_steps=6000"]
     result = run_train(train_dir, "toy_eval", *args, "--eval_episodes_per_task=2")
     assert result.returncode == 0, result.stderr[-3000:]
-    evaluations = read_summary(train_dir, "toy_eval")["eval"]
+    summary = read_summary(train_dir, "toy_eval")
+    evaluations = summary["eval"]
     assert len(evaluations) >= 3
+    # The last is the final policy's (--eval_at_end), once the learner had stopped: the checkpoint's weights.
+    final = evaluations[-1]
+    assert final.get("final") and not any(e.get("final") for e in evaluations[:-1])
+    assert (final["env_steps"], final["policy_version"]) == (summary["env_steps"], summary["policy_version"])
+    assert "evaluating the final policy" in result.stdout and evaluations[-2]["env_steps"] < final["env_steps"]
     names = {f"toy_task_{t}" for t in range(NUM_TASKS)}
     for evaluation in evaluations:
         assert evaluation["episodes"] == 2 * NUM_TASKS
