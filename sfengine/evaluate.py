@@ -68,10 +68,12 @@ def locate_checkpoint(argv: list[str]) -> list[str]:
 def relayout(cfg: Config, given: set[str]) -> None:
     """The training run's worker layout was sized for training (a learner beside the workers, every env cycling
     through all tasks); an evaluation sizes its own, so the ``auto`` options not given on this command line go
-    back to ``auto``."""
+    back to ``auto``. Training's ``--tasks`` goes too: ``--eval_tasks`` chooses what is evaluated, and an env
+    would build the simulators of training's tasks at start."""
     for name in auto_capable_options(cfg):
         if name not in given:
             cfg.set(name, AUTO)
+    cfg.env.tasks = []
 
 
 def resolve_checkpoint(cfg: Config) -> Path:

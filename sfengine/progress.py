@@ -96,7 +96,7 @@ def end_summary(cfg: Config, summary: dict) -> str:
     if "eval" in summary and summary["eval"]:
         last = summary["eval"][-1]
         lines.append(
-            f"  last evaluation at {last['env_steps']:,} env steps: "
+            f"  {'final' if last.get('final') else 'last'} evaluation at {last['env_steps']:,} env steps: "
             + (f"success {last['success']:.2f}" if last.get("success") is not None else f"return {last['return']:.2f}")
         )
     lines.append(

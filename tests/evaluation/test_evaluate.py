@@ -18,7 +18,8 @@ import torch
 
 from helpers import evaluate, leaked_shm, received_assignments, run_train, shm_entries, write_recording_script
 from sfengine.checkpoint import load_latest_checkpoint
-from sfengine.config import parse_config
+from sfengine.config import AUTO, parse_config
+from sfengine.evaluate import relayout
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.scheduler import Assignment
 from sfengine.spaces import DEFAULT_OBS_KEY, action_spec_from_space, obs_spec_from_space
@@ -184,3 +185,10 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(toy_run, tmp_path):
         assert len(errors) == 1 and message in errors[0], (name, result.stderr[-2000:])
     assert sorted(toy_run.rglob("*")) == files_before
     assert not (tmp_path / "empty").exists()
+
+
+def test_an_evaluation_drops_the_training_runs_tasks_and_layout_but_keeps_what_its_command_gives():
+    # Training's --tasks=1 would have each evaluation env build task 1's simulator at start, whatever it evaluates.
+    cfg = parse_config(["--env=multitask_toy", "--tasks=1", "--num_workers=3", "--num_envs_per_worker=4"])
+    relayout(cfg, given={"num_workers"})
+    assert cfg.env.tasks == [] and cfg.sampler.num_workers == 3 and cfg.sampler.num_envs_per_worker == AUTO
