@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,12 +15,17 @@ from collections import Counter
 from pathlib import Path
 
 import psutil
+import pytest
 
 from sfengine.config import Config
 from sfengine.env_registry import env_context, resolve_env_factory
 from sfengine.scheduler import Assignment
 
 FAST = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=4", "--worker_num_splits=2"]
+# A test that needs LIBERO's simulators; the suite's other tests run without the extra.
+requires_libero = pytest.mark.skipif(
+    importlib.util.find_spec("libero") is None, reason="the libero extra is not installed: pip install -e '.[libero]'"
+)
 STARTED: list[subprocess.Popen] = []  # runs started in the background by the current test (see conftest.py)
 
 

@@ -98,15 +98,15 @@ class LearnerWorker(Component):
         self.trainer = (
             FlowSARTrainer(self.model, cfg, self.group) if cfg.flow_sar_on else PPOTrainer(self.model, cfg, self.group)
         )
+        # The checkpoint's key for the trainer's own state: FlowSAR's reference, or --kl_coeff's.
+        self.trainer_key = "flow_sar" if cfg.flow_sar_on else "ppo"
         # FlowSAR's reference policy travels beside the policy; the inference workers self-annotate with it.
         self.reference = self.trainer.reference if cfg.flow_sar_on else None
         self.env_steps, self.version = 0, 0
         if self.resume_state is not None:
             self.trainer.optimizer.load_state_dict(self.resume_state["optimizer"])
-            if cfg.flow_sar_on and "flow_sar" in self.resume_state:
-                self.trainer.load_state_dict(self.resume_state["flow_sar"])  # the reference goes on from where it was
-            elif not cfg.flow_sar_on:
-                self.trainer.load_state_dict(self.resume_state.get("ppo", {}))  # --kl_coeff's reference
+            if self.trainer_key in self.resume_state:
+                self.trainer.load_state_dict(self.resume_state[self.trainer_key])  # its reference goes on as it was
             self.env_steps = int(self.resume_state["env_steps"])
             self.version = int(self.resume_state["policy_version"])
             self.resume_state = None
@@ -250,9 +250,8 @@ class LearnerWorker(Component):
 
     def checkpoint_state(self) -> dict:
         others, rank = self.rank_sequences, self.ranks.rank
-        extra = {"flow_sar" if self.cfg.flow_sar_on else "ppo": self.trainer.state_dict()}
         return {
-            **extra,
+            self.trainer_key: self.trainer.state_dict(),
             "model": {name: t.detach().cpu() for name, t in self.model.state_dict().items()},
             "optimizer": self.trainer.optimizer.state_dict(),
             "env_steps": self.env_steps,

@@ -6,7 +6,6 @@ The LIBERO tests need the ``libero`` extra (``pip install -e '.[libero]'``), whi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,11 +13,9 @@ import h5py
 import numpy as np
 import pytest
 
+from helpers import requires_libero
 from sfengine.demos import Demo, DemoFileError, DemoSet, DemoWriter, read_demos, write_demos
 
-requires_libero = pytest.mark.skipif(
-    importlib.util.find_spec("libero") is None, reason="the libero extra is not installed: pip install -e '.[libero]'"
-)
 NUM_TASKS = 10
 OBJECT_DIM = 98
 

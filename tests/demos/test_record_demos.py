@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -11,14 +10,9 @@ import sys
 import time
 
 import numpy as np
-import pytest
 
-from helpers import start
+from helpers import requires_libero, start
 from sfengine.demos import read_demos
-
-requires_libero = pytest.mark.skipif(
-    importlib.util.find_spec("libero") is None, reason="the libero extra is not installed: pip install -e '.[libero]'"
-)
 
 
 def record(tmp_path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

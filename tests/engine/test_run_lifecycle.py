@@ -546,6 +546,13 @@ if __name__ == "__main__":
 """
 
 
+def hanging_toy_command(tmp_path: Path, train_dir: Path, experiment: str, *args: str) -> list[str]:
+    """A run of HANGING_SCRIPT (the toy envs that hang, stall or start slowly) with FAST's layout and ``args``."""
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGING_SCRIPT)
+    return [sys.executable, str(script), f"--train_dir={train_dir}", f"--experiment={experiment}", *FAST[1:], *args]
+
+
 def run_to_the_end(command: list[str], **popen) -> tuple[str, list[psutil.Process]]:
     """Run it to the end, expecting exit code 0: its stderr and the processes it had started."""
     process = start(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
@@ -559,10 +566,8 @@ def run_to_the_end(command: list[str], **popen) -> tuple[str, list[psutil.Proces
 
 
 def test_a_hung_env_is_named_with_its_stack_and_its_worker_respawned(tmp_path, train_dir):
-    script = tmp_path / "hangs.py"
-    script.write_text(HANGING_SCRIPT)
     shm_before = shm_entries()
-    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=hang", *FAST[1:]]
+    command = hanging_toy_command(tmp_path, train_dir, "hang")
     # Enough steps that the other worker does not reach them alone within the 5 s of silence (it samples the toy
     # at up to 20,000 a second; the hang comes at about 24,000).
     command += ["--env=hanging_toy", "--hang_timeout_sec=5", "--train_for_env_steps=300000"]
@@ -589,10 +594,8 @@ def test_a_worker_hung_when_training_ends_is_ended_and_the_run_exits_0(tmp_path,
     # 30,000 steps alone, well within the hang timeout: the stop finds worker 1 stuck. Training is over and saved,
     # so the run must not fail for it: the hang watch ends it once silent for --hang_timeout_sec (its stack
     # printed), or, with the watch off, the stop's time limit terminates it (shortened to 10 s here).
-    script = tmp_path / "hangs.py"
-    script.write_text(HANGING_SCRIPT)
     shm_before = shm_entries()
-    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=late", *FAST[1:]]
+    command = hanging_toy_command(tmp_path, train_dir, "late")
     command += ["--env=hanging_toy", f"--hang_timeout_sec={12 if watched else 0}", "--train_for_env_steps=30000"]
     # With the watch on, the stop keeps its minute: the watch, not the limit, must end the worker.
     env = {**os.environ, "HANG_STEP": "500", "STOP_TIMEOUT_SEC": "60" if watched else "10"}
@@ -616,9 +619,7 @@ def test_a_worker_hung_when_training_ends_is_ended_and_the_run_exits_0(tmp_path,
 
 
 def test_hang_timeout_zero_lets_a_long_silence_pass(tmp_path, train_dir):
-    script = tmp_path / "hangs.py"
-    script.write_text(HANGING_SCRIPT)
-    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=stall", *FAST[1:]]
+    command = hanging_toy_command(tmp_path, train_dir, "stall")
     command += ["--env=stalling_toy", "--hang_timeout_sec=0", "--train_for_env_steps=20000"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -753,10 +754,8 @@ def test_a_batcher_that_raises_stops_the_run_with_a_checkpoint_instead_of_hangin
 def test_a_stop_during_a_workers_start_up_ends_it_at_once_and_the_run_exits_0(tmp_path, train_dir):
     # Worker 1 never finishes building its envs; worker 0 trains. A Ctrl-C then must not wait the stop's minute
     # for a process that reads no signal until its start-up is over: it holds nothing yet, so it is ended.
-    script = tmp_path / "hangs.py"
-    script.write_text(HANGING_SCRIPT)
     shm_before = shm_entries()
-    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=starting", *FAST[1:]]
+    command = hanging_toy_command(tmp_path, train_dir, "starting")
     command += ["--env=slow_starting_toy", "--train_for_env_steps=100000000", "--report_every_sec=1"]
     process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     wait_for_training(process)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
+from helpers import make_env, requires_libero
 
-import pytest
-
-from helpers import make_env
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("libero") is None, reason="needs the libero extra")
+pytestmark = requires_libero
 
 
 def test_an_object_standing_on_its_own_y_axis_is_measured_across_its_horizontal_footprint():
