@@ -9,8 +9,9 @@
 
 It plays ``envs_per_split`` envs side by side, one batched forward per step. A request that arrives during an
 evaluation is dropped: evaluations never queue up behind a slow env. At the run's end (``FinalEvaluation``) it
-evaluates the final weights once training's other components have ended, then stops. Multi-task envs: every task, with
-``--eval_episodes_per_task`` init states each, cycling across evaluations; single-task envs: seeds 0..N-1.
+evaluates the final weights once training's other components have ended, then stops. Multi-task envs: every
+task, with ``--eval_episodes_per_task`` init states each, cycling across evaluations; single-task envs: seeds
+0..N-1.
 """
 
 from __future__ import annotations
