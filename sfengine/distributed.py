@@ -37,14 +37,28 @@ class RankInfo:
     rank: int = 0
     world_size: int = 1
     local_world_size: int = 1  # ranks on this machine
+    local_rank: int = 0  # this rank's index among them
 
     @classmethod
     def from_environment(cls) -> RankInfo:
         """The rank torchrun gave this process (inherited by every process it spawns); rank 0 of 1 without it."""
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         return cls(
-            int(os.environ.get("RANK", "0")), world_size, int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+            int(os.environ.get("RANK", "0")),
+            world_size,
+            int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))),
+            int(os.environ.get("LOCAL_RANK", "0")),
         )
+
+
+def rank_device(name: str, ranks: RankInfo | None = None) -> torch.device:
+    """The torch device of ``--device=name`` for this rank's learner and inference. On CUDA, each rank on a
+    machine takes its own GPU (its local rank, modulo the GPUs there): nccl refuses two ranks on one GPU, and
+    torchrun's ranks would otherwise all land on the first."""
+    if name != "cuda":
+        return torch.device(name)
+    ranks = ranks or RankInfo.from_environment()
+    return torch.device("cuda", ranks.local_rank % max(1, torch.cuda.device_count()))
 
 
 @dataclass

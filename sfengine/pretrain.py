@@ -45,7 +45,7 @@ from sfengine.config import (
 )
 from sfengine.cpu_threads import set_cpu_threads
 from sfengine.demos.dataset import DemoSet, read_demos
-from sfengine.distributed import RankInfo
+from sfengine.distributed import RankInfo, rank_device
 from sfengine.env_registry import resolve_env_factory
 from sfengine.event_loop import configure_logging
 from sfengine.learning.behavior_cloning import (
@@ -184,7 +184,7 @@ def pretrain(
     cfg: Config, options: PretrainOptions, demo_set: DemoSet, obs_spec: ObsSpec, action_spec: ActionSpec
 ) -> dict:
     """Clone the demonstrations into the run's model; write the checkpoint, TensorBoard and summary.json."""
-    device = torch.device(cfg.learner.device)
+    device = rank_device(cfg.learner.device)
     set_cpu_threads(cfg.learner.learner_threads)
     samples = demo_samples(demo_set.demos, cfg.model.action_chunk)
     train_episodes, held_out = split_by_episode(len(demo_set.demos), options.validation_fraction, cfg.env.seed)
@@ -203,7 +203,7 @@ def pretrain(
         f"sfengine.pretrain: behavioural cloning of a {head} policy on {cfg.env.env} ({LOSS_NAMES[head]})\n"
         f"  demonstrations: {len(train_episodes)} episodes ({len(train)} samples) to train on, {len(held_out)} "
         f"({len(validation)} samples) held out; chunks of {cfg.model.action_chunk}\n"
-        f"  {epochs} epochs of batches of {batch_size}, learning rate {options.pretrain_learning_rate:g}\n"
+        f"  {epochs} epochs of batches of {batch_size}, learning rate {options.pretrain_learning_rate:g}, on {device}\n"
         f"  files:  {cfg.experiment_dir} (config.json, checkpoints/, tensorboard/, summary.json)",
         flush=True,
     )

@@ -14,12 +14,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
 from sfengine.config import Config
+from sfengine.demos.dataset import Demo, DemoSet
 from sfengine.env_registry import env_context, resolve_env_factory
 from sfengine.scheduler import Assignment
+from sfengine_envs.sparse_reach import ReachDemonstrator, SparseReachEnv
 
 FAST = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=4", "--worker_num_splits=2"]
 # A test that needs LIBERO's simulators; the suite's other tests run without the extra.
@@ -231,3 +234,33 @@ def component(process: subprocess.Popen, name: str) -> psutil.Process:
             return found
         time.sleep(0.2)
     raise AssertionError(f"no component process {name}")
+
+
+def demo(obs: list[np.ndarray], actions: list[np.ndarray], init_state: int = 0) -> Demo:
+    steps = len(actions)
+    return Demo(
+        {"obs": np.array(obs)},
+        np.array(actions),
+        np.zeros(steps, np.float32),
+        np.zeros(steps, np.uint8),
+        None,
+        0,
+        init_state,
+    )
+
+
+def scripted_demos(count: int, noise: float = 0.2) -> DemoSet:
+    """Episodes of sparse_reach's scripted demonstrator (full speed toward the goal), with Gaussian noise on each
+    action."""
+    rng, env, demonstrator, demos = np.random.default_rng(0), SparseReachEnv(), ReachDemonstrator(), []
+    for episode in range(count):
+        obs, _ = env.reset(seed=1000 + episode)
+        observations, actions, done = [], [], False
+        while not done:
+            action = np.clip(demonstrator.act(env) + noise * rng.standard_normal(2), -1.0, 1.0).astype(np.float32)
+            observations.append(obs)
+            actions.append(action)
+            obs, _, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+        demos.append(demo(observations, actions, init_state=episode))
+    return DemoSet("sparse_reach", "state", demos)

@@ -21,6 +21,7 @@ import torch
 from sfengine.algo.flow_sar import self_annotate
 from sfengine.buffers import ANNOTATION_FIELDS, POLICY_FIELDS, SharedBuffers, SharedWeights
 from sfengine.config import Config
+from sfengine.distributed import rank_device
 from sfengine.inference.numpy_policy import NumpyPolicy, choose_inference_backend
 from sfengine.messages import InferenceReport
 from sfengine.models.actor_critic import ActorCritic
@@ -62,7 +63,7 @@ class PolicyActor:
         self.seed, self.deterministic = seed, deterministic
 
     def start(self) -> None:
-        self.device = torch.device(self.cfg.learner.device)
+        self.device = rank_device(self.cfg.learner.device)
         self.model = ActorCritic.for_config(self.cfg, self.obs_spec, self.action_spec).to(self.device)
         self.model.for_inference(getattr(torch, self.cfg.sampler.inference_dtype)).eval()
         # FlowSAR: the reference policy, pulled with the policy, self-annotates every step the policy acts.

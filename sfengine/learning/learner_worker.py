@@ -15,14 +15,13 @@ import logging
 import threading
 import time
 
-import torch
 from signal_slot.signal_slot import Timer, signal
 
 from sfengine.buffers import SharedBuffers, SharedWeights, TrajectoryBuffers
 from sfengine.checkpoint import CheckpointSaveError, list_checkpoints, save_checkpoint
 from sfengine.config import Config
 from sfengine.cpu_threads import set_cpu_threads
-from sfengine.distributed import LearnerGroup, RankBatch, RankInfo, parameter_checksum
+from sfengine.distributed import LearnerGroup, RankBatch, RankInfo, parameter_checksum, rank_device
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.learning.batcher import Batcher
 from sfengine.learning.flow_sar_trainer import FlowSARTrainer
@@ -87,8 +86,8 @@ class LearnerWorker(Component):
     def on_start(self) -> None:
         cfg = self.cfg
         set_cpu_threads(cfg.learner.learner_threads)
-        self.device = torch.device(cfg.learner.device)
         self.ranks = RankInfo.from_environment()
+        self.device = rank_device(cfg.learner.device, self.ranks)
         self.group = LearnerGroup(self.ranks, self.device)
         self.model = ActorCritic.for_config(cfg, self.obs_spec, self.action_spec).to(self.device)
         # Train the very weights the inference workers act with first: those the runner published (built from

@@ -20,6 +20,7 @@ from helpers import (
     write_recording_script,
 )
 from sfengine.checkpoint import load_latest_checkpoint
+from sfengine.distributed import RankInfo, rank_device
 from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
 
@@ -114,3 +115,14 @@ def test_a_rank_that_fails_takes_the_whole_job_down_with_a_clear_message(tmp_pat
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     # torchrun kills the surviving rank's process tree: nothing of either rank may stay in /dev/shm.
     assert leaked_shm(shm_before) == set()
+
+
+def test_the_ranks_on_a_machine_spread_over_its_gpus(monkeypatch):
+    # nccl refuses two ranks on one GPU: torchrun's 8 ranks on two machines of 4 GPUs take GPUs 0-3 on each. (The
+    # GPU count is the one thing faked here; a CUDA device object needs no GPU.)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    ranks = [RankInfo(rank, 8, 4, rank % 4) for rank in range(8)]
+    assert [rank_device("cuda", info) for info in ranks] == [torch.device("cuda", i % 4) for i in range(8)]
+    assert rank_device("cpu", ranks[3]) == torch.device("cpu")
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert rank_device("cuda") == torch.device("cuda", 2)  # from torchrun's environment

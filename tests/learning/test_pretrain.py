@@ -17,48 +17,17 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import evaluate, run_train, start
+from helpers import demo, evaluate, run_train, scripted_demos, start
 from sfengine import pretrain, train
 from sfengine.checkpoint import list_checkpoints
-from sfengine.demos.dataset import Demo, DemoSet, write_demos
+from sfengine.demos.dataset import write_demos
 from sfengine.events import read_scalars
 from sfengine.learning.behavior_cloning import demo_samples, split_by_episode
 from sfengine.models.actor_critic import is_critic_key
-from sfengine_envs.sparse_reach import ReachDemonstrator, SparseReachEnv
 
 NUM_DEMOS = 40
 TRAINING_CHECKPOINT_KEYS = {"format_version", "model", "optimizer", "env_steps", "policy_version", "task_sequence"}
 FAST_BC = ["--pretrain_epochs=150", "--pretrain_batch_size=32", "--pretrain_learning_rate=3e-3"]
-
-
-def demo(obs: list[np.ndarray], actions: list[np.ndarray], init_state: int = 0) -> Demo:
-    steps = len(actions)
-    return Demo(
-        {"obs": np.array(obs)},
-        np.array(actions),
-        np.zeros(steps, np.float32),
-        np.zeros(steps, np.uint8),
-        None,
-        0,
-        init_state,
-    )
-
-
-def scripted_demos(count: int, noise: float = 0.2) -> DemoSet:
-    """Episodes of sparse_reach's scripted demonstrator (full speed toward the goal), with Gaussian noise on each
-    action."""
-    rng, env, demonstrator, demos = np.random.default_rng(0), SparseReachEnv(), ReachDemonstrator(), []
-    for episode in range(count):
-        obs, _ = env.reset(seed=1000 + episode)
-        observations, actions, done = [], [], False
-        while not done:
-            action = np.clip(demonstrator.act(env) + noise * rng.standard_normal(2), -1.0, 1.0).astype(np.float32)
-            observations.append(obs)
-            actions.append(action)
-            obs, _, terminated, truncated, _ = env.step(action)
-            done = terminated or truncated
-        demos.append(demo(observations, actions, init_state=episode))
-    return DemoSet("sparse_reach", "state", demos)
 
 
 def run_pretrain(train_dir: Path, experiment: str, demos: Path, *args: str) -> int:

@@ -1,0 +1,100 @@
+"""The engine's CUDA paths, end to end as a user runs them: the learner and inference on the GPU, bf16 inference of
+the CNN, the flow head with FlowSAR, behaviour cloning, and checkpoints that move between the GPU and the CPU.
+
+Skipped where torch sees no CUDA device (CI's machine). ``python -m benchmarks.gpu`` runs them on a GPU machine
+together with its measurements; ``python -m pytest -m gpu`` runs them alone. Each threshold is the CPU test's
+(tests/learning/test_learning.py, test_flow_sar_engine.py, test_pretrain.py): moving to the GPU changes where the
+arithmetic runs, not what is learned.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import evaluate, reached_target, read_summary, run_train, scripted_demos
+from sfengine.checkpoint import list_checkpoints
+from sfengine.demos.dataset import write_demos
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU tests run on a GPU machine"),
+]
+CARTPOLE = ["--cfg=cartpole", "--device=cuda", "--stop_at_return=400"]
+
+
+def eval_results(train_dir: Path, experiment: str) -> dict:
+    (eval_dir,) = (train_dir / experiment / "eval").iterdir()
+    return json.loads((eval_dir / "results.json").read_text())
+
+
+def test_cartpole_on_cuda_reaches_400_and_its_checkpoint_moves_to_the_cpu_and_back(train_dir):
+    result = run_train(train_dir, "cartpole", *CARTPOLE, "--train_for_env_steps=300000")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "learner on cuda" in result.stdout  # the start banner
+    summary = read_summary(train_dir, "cartpole")
+    assert reached_target(summary, "stop_at_return=400"), summary
+
+    # The checkpoint the GPU wrote: its tensors load onto the CPU, the policy evaluates there (its mode balances
+    # the pole), and the run resumes on the CPU, then on the GPU again, from the steps it had.
+    saved = torch.load(list_checkpoints(train_dir / "cartpole")[-1], map_location="cpu", weights_only=True)
+    assert all(t.device.type == "cpu" for t in saved["model"].values())
+    evaluated = evaluate(f"--train_dir={train_dir}", "--experiment=cartpole", "--eval_episodes=10", "--num_workers=1")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert eval_results(train_dir, "cartpole")["overall"]["return_mean"] >= 300  # random: 22
+    steps = summary["env_steps"]
+    for device in ("cpu", "cuda"):
+        steps += 20_000
+        resumed = run_train(train_dir, "cartpole", f"--device={device}", f"--train_for_env_steps={steps}")
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "resum" in resumed.stdout.lower(), resumed.stdout[:2000]
+        after = read_summary(train_dir, "cartpole")
+        assert steps <= after["env_steps"] <= steps + 2048
+        assert after["episode_return_mean"] >= 300, after  # the trained policy went on, not a fresh one
+
+
+def test_an_image_policy_learns_with_learner_and_inference_on_cuda_in_bfloat16(train_dir):
+    # image_bandit: the answer is only in the uint8 image (random: 8 of 16, success 4%). The inference workers act
+    # with a bf16 copy of the CNN on the GPU; the learner trains it in float32 there.
+    args = ["--env=image_bandit", "--reward_scale=1", "--num_epochs=2", "--num_inference_workers=2", "--device=cuda"]
+    result = run_train(train_dir, "bandit", *args, "--inference_dtype=bfloat16", "--train_for_env_steps=40000")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(train_dir, "bandit")
+    assert summary["episode_return_mean"] >= 11.0, summary
+    assert summary["success_rate"] >= 0.3, summary
+
+
+def test_flow_sar_on_cuda_raises_the_success_rate_of_a_sparse_reach_policy(train_dir):
+    # The flow head (its Euler integration in the inference workers, the self-annotation with the EMA reference)
+    # and FlowSAR's update, all on the GPU; the CPU test's threshold: 0.6 within 100k steps (random: 0.2-0.33).
+    args = ["--cfg=flow_sar", "--env=sparse_reach", "--device=cuda", "--train_for_env_steps=100000"]
+    result = run_train(train_dir, "reach", *args, "--stop_at_success=0.6")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert reached_target(read_summary(train_dir, "reach"), "stop_at_success=0.6"), result.stdout[-2000:]
+
+
+@pytest.mark.parametrize("head", ["gaussian", "flow"])
+def test_pretrain_on_cuda_clones_a_policy_that_evaluates_on_the_cpu(tmp_path, train_dir, head):
+    demos = tmp_path / "sparse_reach_state.hdf5"
+    write_demos(demos, scripted_demos(40))
+    command = [sys.executable, "-m", "sfengine.pretrain", f"--demos={demos}", f"--train_dir={train_dir}"]
+    command += ["--experiment=bc", "--device=cuda", f"--policy_head={head}", "--pretrain_epochs=150"]
+    command += ["--pretrain_batch_size=32", "--pretrain_learning_rate=3e-3"]
+    if head == "flow":
+        command.append("--action_chunk=2")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "on cuda:0" in result.stdout, result.stdout[:2000]  # its start block names the device
+    losses = json.loads((train_dir / "bc" / "summary.json").read_text())["validation_loss"]
+    assert losses[-1] < losses[0] / 2, losses
+    # The GPU's checkpoint evaluates on the CPU (sfengine.evaluate's default device).
+    evaluated = evaluate(f"--train_dir={train_dir}", "--experiment=bc", "--eval_episodes=40", "--num_workers=1")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    if head == "gaussian":
+        success = eval_results(train_dir, "bc")["overall"]["success_rate"]
+        assert success >= 0.8, success  # random: 0.27
