@@ -19,7 +19,8 @@ Sections, in this order (``--sections`` picks some); each writes its results to 
   the largest policy within 50 ms. Measured in one process: the seqlock's cross-process signal is one load.
 - ``libero``: ``benchmarks.throughput`` on LIBERO-Object, the layout the sizer chooses for this machine (``auto``):
   the envs stepping alone (the raw limit) against the engine sampling, in rgb mode (EGL; the policy on CUDA
-  where there is one) and in state mode.
+  where there is one) and in state mode; task 0 alone by default (``--libero_args``), so that the start-up builds
+  one simulator an env, not ten.
 
 Times are medians of repeated timed calls after warm-up calls; CUDA timings synchronise before the clock stops.
 """
@@ -252,7 +253,7 @@ def libero_rows(args: argparse.Namespace) -> list[dict]:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         command = [sys.executable, "-m", "benchmarks.throughput", "--env=libero_object", f"--libero_obs_mode={mode}"]
         command += [f"--device={device}", f"--seconds={args.libero_seconds}", f"--warmup={args.libero_warmup}"]
-        command += ["--startup=180", f"--out={out}", f"--tag={mode}_{device}"]
+        command += ["--startup=180", f"--out={out}", f"--tag={mode}_{device}", *args.libero_args.split()]
         started = time.time()
         result = subprocess.run(command, capture_output=True, text=True)
         path = out / f"throughput_libero_object_{mode}_{device}.json"
@@ -356,6 +357,12 @@ def main() -> int:
     parser.add_argument("--libero_modes", default="rgb,state", help="LIBERO-Object observation modes to measure")
     parser.add_argument("--libero_seconds", type=float, default=20.0, help="measured seconds per LIBERO row")
     parser.add_argument("--libero_warmup", type=float, default=10.0, help="seconds stepped before measuring")
+    parser.add_argument(
+        "--libero_args",
+        default="--tasks=0",
+        help="sfengine.train options for the LIBERO rows (default: one task, so that each env builds one simulator "
+        "at start, not ten: 2-4 s each)",
+    )
     args = parser.parse_args()
     unknown = set(args.sections.split(",")) - set(SECTIONS)
     if unknown:

@@ -46,14 +46,12 @@ def credit_weights(
     outcome = success[episodes]
     logits = torch.where(outcome > 0.5, errors, -errors) / temperature
     # Softmax within each episode: subtract the episode's max for stability, then normalise by its sum.
-    episode_max = torch.full((num_episodes,), -torch.inf, dtype=logits.dtype).scatter_reduce(
-        0, episodes, logits, "amax"
-    )
+    episode_max = logits.new_full((num_episodes,), -torch.inf).scatter_reduce(0, episodes, logits, "amax")
     exp = (logits - episode_max[episodes]).exp()
-    weights = exp / torch.zeros(num_episodes, dtype=exp.dtype).index_add(0, episodes, exp)[episodes]
+    weights = exp / exp.new_zeros(num_episodes).index_add(0, episodes, exp)[episodes]
     if w_min > 0.0 or w_max < 1.0:
         weights = weights.clamp(w_min, w_max)
-        weights = weights / torch.zeros(num_episodes, dtype=exp.dtype).index_add(0, episodes, weights)[episodes]
+        weights = weights / exp.new_zeros(num_episodes).index_add(0, episodes, weights)[episodes]
     return weights, 2.0 * outcome - 1.0
 
 
