@@ -23,10 +23,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from sfengine.algorithms.ppo.trainer import PPOTrainer
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, parse_config
 from sfengine.env_registry import env_context, resolve_env_factory
-from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import action_spec_from_space, obs_as_dict, obs_spec_from_space
 

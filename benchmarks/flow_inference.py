@@ -67,7 +67,7 @@ def policy_row(head: str, chunk: int, args) -> dict:
     row["us_per_env_step"] = row["act_us"] / (args.rows * chunk)
     if head == "flow":
         actions = act().actions
-        sar = cfg.flow_sar
+        sar = cfg.algorithm_options
 
         def annotate():
             return self_annotate(model, obs, actions, sar.flow_sar_tau_mid, sar.flow_sar_t_min, sar.flow_sar_t_max)

@@ -43,12 +43,11 @@ from pathlib import Path
 
 import torch
 
+from sfengine.algorithms import algorithm_for
 from sfengine.buffers import SharedWeights, TrajectoryBuffers
 from sfengine.config import parse_config
 from sfengine.cpu_threads import set_cpu_threads
-from sfengine.learning.flow_sar_trainer import FlowSARTrainer
 from sfengine.learning.group_batcher import GroupBatch
-from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
 
@@ -143,15 +142,15 @@ def learner_rows() -> list[dict]:
     rows = []
     for name, (obs_spec, options, minibatch) in LEARNER_MODELS.items():
         cfg = parse_config(["--cfg=libero_object", "--num_batches_per_epoch=2", *options])
-        flow = cfg.flow_sar_on
+        algorithm = algorithm_for(cfg)
         actions = action_spec(cfg.model.action_chunk)
-        cpu_batch = (flow_batch if flow else ppo_batch)(cfg, obs_spec, actions)
+        cpu_batch = (flow_batch if algorithm.grouped(cfg) else ppo_batch)(cfg, obs_spec, actions)
         steps = cfg.learner.num_epochs * cfg.learner.num_batches_per_epoch
         for device in devices():
             set_cpu_threads(cfg.learner.learner_threads if device == "cpu" else 1)
             torch.manual_seed(0)
             model = ActorCritic.for_config(cfg, obs_spec, actions).to(device)
-            trainer = (FlowSARTrainer if flow else PPOTrainer)(model, cfg)
+            trainer = algorithm.trainer(model, cfg)
             batch = cpu_batch.to(torch.device(device))
             version = iter(range(1, 10**6))
             ms = median_ms(

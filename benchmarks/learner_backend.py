@@ -26,10 +26,10 @@ import torch
 
 from benchmarks.learning import SFENGINE_PRESETS, run_sfengine
 from benchmarks.peer_record import write_json
+from sfengine.algorithms.ppo.trainer import PPOTrainer
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import parse_config
 from sfengine.cpu_threads import set_cpu_threads
-from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import action_spec_from_space, obs_spec_from_space
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from sfengine.algorithms import algorithm_for
 from sfengine.config import Config
 from sfengine.spaces import ActionSpec, ObsSpec
 
@@ -113,6 +114,18 @@ class TrajectoryBuffers:
         out = {f"obs.{key}": t for key, t in self.obs.items()}
         out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "obs"})
         return out
+
+    # What the learner asks of any training batch (a group batch answers the same): the env steps it stands for,
+    # whether it holds anything to train on, and its own statistics.
+    def sampled_env_steps(self) -> int:
+        return int(self.chunk_steps[:, :-1].sum())  # one per entry, or per action of a chunk
+
+    @property
+    def trainable(self) -> bool:
+        return True
+
+    def batch_stats(self) -> dict[str, float]:
+        return {}
 
     def to(self, device: torch.device) -> TrajectoryBuffers:
         """A copy on ``device`` (non-blocking from pinned memory)."""
@@ -199,7 +212,7 @@ class SharedBuffers:
             obs_spec,
             action_spec,
             shared=True,
-            annotated=cfg.flow_sar_on and not evaluation,
+            annotated=algorithm_for(cfg).annotate is not None and not evaluation,
         )
         splits = SplitState.allocate(
             cfg.sampler.num_workers * cfg.sampler.worker_num_splits, cfg.envs_per_split, obs_spec
@@ -229,7 +242,7 @@ def buffers_per_worker(cfg: Config) -> int:
     s = cfg.sampler
     total_envs = s.num_workers * s.num_envs_per_worker
     rounds_per_batch = -(-cfg.trajectories_per_training_batch // total_envs)  # ceil
-    if not cfg.critic_free:
+    if not algorithm_for(cfg).grouped(cfg):
         return s.num_envs_per_worker * (1 + 2 * rounds_per_batch)
     episode_steps = cfg.env.max_episode_steps or s.rollout
     buffers_per_episode = -(-episode_steps // s.rollout) + 1

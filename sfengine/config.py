@@ -23,8 +23,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
-from sfengine.algo.group_advantages import GROUP_ADVANTAGES
-from sfengine.algo.surrogates import SURROGATES, SurrogateParams
+from sfengine.algo.surrogates import SurrogateParams
 
 PUBLISHED = SurrogateParams()  # the clip modes' published parameters
 
@@ -144,10 +143,9 @@ class LearnerConfig:
     )
     algo: str = option(
         "ppo",
-        "ppo (the policy surrogate of --clip_mode with the advantages of --advantage), or flow_sar (a flow-matching "
+        "ppo (the policy surrogate of --clip_mode with the advantages of --advantage), flow_sar (a flow-matching "
         "policy, --policy_head=flow, trained by FlowSAR on whole episodes and their success: no critic, no "
-        "likelihoods; its options are in the flow_sar group)",
-        ("ppo", "flow_sar"),
+        "likelihoods; its options are in the flow_sar group), or a name given to sfengine.register_algorithm",
     )
 
 
@@ -180,45 +178,6 @@ class AdvantageConfig:
         "epoch, instead of once from the values the acting policy wrote (costs one critic pass over the batch per "
         "epoch)",
     )
-
-    @property
-    def critic_free(self) -> bool:
-        return self.advantage not in CRITIC_ADVANTAGES
-
-
-CRITIC_ADVANTAGES = ("gae", "vtrace")
-
-
-@dataclass
-class FlowSARConfig:
-    """FlowSAR (``--algo=flow_sar``, ``sfengine.algo.flow_sar``): self-annotated credit assignment for flow-matching
-    policies. Defaults are the published ones."""
-
-    flow_sar_beta: float = option(1.0, "mirror branches' trust region: v+- = (1 -+ beta) v_old +- beta v_theta")
-    flow_sar_temperature: float = option(0.5, "credit weights' softmax temperature (smaller: more extreme weights)")
-    flow_sar_tau_mid: float = option(0.5, "self-annotation: the noise level a chunk is reconstructed from")
-    flow_sar_ema_schedule: str = option(
-        "linear",
-        "the reference policy's EMA: fixed (retention --flow_sar_ema_beta) or linear (retention "
-        "min(--flow_sar_ema_eta_rate x update, --flow_sar_ema_eta_max): close tracking first, more held back later)",
-        ("fixed", "linear"),
-    )
-    flow_sar_ema_beta: float = option(0.995, "fixed EMA: the reference keeps this share of itself per update")
-    flow_sar_ema_eta_rate: float = option(0.001, "linear EMA: growth of the retention per update")
-    flow_sar_ema_eta_max: float = option(0.5, "linear EMA: the retention's ceiling")
-    flow_sar_energy_type: str = option(
-        "mse", "branch energies ||v+- - u||^2 (mse, the ODE view) or scaled by 1/(2t) (sde)", ("mse", "sde")
-    )
-    flow_sar_loss_variant: str = option(
-        "softplus_kl",
-        "mse_branch: w [R E+ + (1 - R) E-]; softplus_kl: w softplus(y (E+ - E-) / 2) + kl_coeff ||v_theta - v_old||^2",
-        ("mse_branch", "softplus_kl"),
-    )
-    flow_sar_kl_coeff: float = option(1.0, "softplus_kl: weight of the penalty ||v_theta - v_old||^2")
-    flow_sar_t_min: float = option(0.2, "training: the flow time t is drawn from U[t_min, t_max]")
-    flow_sar_t_max: float = option(0.8, "training: the flow time's upper bound")
-    flow_sar_w_min: float = option(0.0, "credit weights are clipped to [w_min, w_max], then renormalised (0: no floor)")
-    flow_sar_w_max: float = option(1.0, "the credit weights' ceiling (1: none)")
 
 
 @dataclass
@@ -389,48 +348,66 @@ GROUPS: dict[str, type] = {
     "learner": LearnerConfig,
     "advantage": AdvantageConfig,
     "policy_loss": PolicyLossConfig,
-    "flow_sar": FlowSARConfig,
     "model": ModelConfig,
     "run": RunConfig,
     "eval": EvalConfig,
 }
 
-# Options an env declares next to its factory (``register_env(name, factory, options=...)``): a dataclass of
-# ``option()`` fields, named by its ``group`` class attribute (default: the first env registered with it).
-# Declarations come at import time, before any option is parsed; option_table() caches what they add up to.
-ENV_OPTION_GROUPS: dict[str, type] = {}  # group name -> options dataclass
-ENV_OPTION_GROUP_OF: dict[str, str] = {}  # env name -> its group
+# Options declared by their owner: an env next to its factory (``register_env(name, factory, options=...)``) or an
+# algorithm in its spec (``register_algorithm(name, Algorithm(..., options=...))``): a dataclass of ``option()``
+# fields, named by its ``group`` class attribute (default: the first owner registered with it). Declarations come
+# at import time, before any option is parsed; option_table() caches what they add up to. A run takes the options
+# of its own env and of its own algorithm; another owner's option is an error that names the owner.
+DECLARED_GROUPS: dict[str, type] = {}  # group name -> options dataclass
+GROUP_OWNERS: dict[str, dict[str, str]] = {"env": {}, "algo": {}}  # "env"/"algo" -> owner name -> its group
 
 
-def declare_env_options(env_name: str, options_cls: type) -> None:
-    """Record that ``--env=env_name`` takes the options of the dataclass ``options_cls``. Called by
-    ``register_env``; several envs may share one class (the five LIBERO suites do)."""
+def declare_options(kind: str, owner: str, options_cls: type) -> None:
+    """Record that ``--<kind>=owner`` (``--env=libero_spatial``, ``--algo=flow_sar``) takes the options of the
+    dataclass ``options_cls``. Several owners may share one class (the five LIBERO suites do)."""
+    call = {"env": "register_env", "algo": "register_algorithm"}[kind]
     if not (isinstance(options_cls, type) and dataclasses.is_dataclass(options_cls)):
-        raise TypeError(f"register_env({env_name!r}, ..., options=...): options must be a dataclass of option() fields")
-    known = [name for name, cls in ENV_OPTION_GROUPS.items() if cls is options_cls]
-    group = known[0] if known else getattr(options_cls, "group", env_name)
-    declared = ENV_OPTION_GROUPS.get(group)
-    if declared is not None and declared is not options_cls:
-        raise TypeError(f"env options {options_cls.__name__}: the group name {group!r} is taken by {declared.__name__}")
+        raise TypeError(f"{call}({owner!r}, ...): options must be a dataclass of option() fields")
+    known = [name for name, cls in DECLARED_GROUPS.items() if cls is options_cls]
+    group = known[0] if known else getattr(options_cls, "group", owner)
+    declared = DECLARED_GROUPS.get(group)
+    if declared is not None and declared is not options_cls or (not known and group in GROUPS):
+        taken_by = declared.__name__ if declared is not None else "the engine"
+        raise TypeError(f"{kind} options {options_cls.__name__}: the group name {group!r} is taken by {taken_by}")
     taken = set(_static_options()) | {
-        f.name for other, cls in ENV_OPTION_GROUPS.items() if other != group for f in dataclasses.fields(cls)
+        f.name for other, cls in DECLARED_GROUPS.items() if other != group for f in dataclasses.fields(cls)
     }
     clash = sorted(f.name for f in dataclasses.fields(options_cls) if f.name in taken)
     if clash:
         raise TypeError(
-            f"env options {options_cls.__name__}: {', '.join(clash)} already exist; prefix them with the env"
+            f"{kind} options {options_cls.__name__}: {', '.join(clash)} already exist; prefix them with the {kind}"
         )
-    ENV_OPTION_GROUPS[group] = options_cls
-    ENV_OPTION_GROUP_OF[env_name] = group
-    _env_options.cache_clear()
+    DECLARED_GROUPS[group] = options_cls
+    GROUP_OWNERS[kind][owner] = group
+    _declared_options.cache_clear()
 
 
-def envs_taking(group: str) -> list[str]:
-    return [env for env, owner in ENV_OPTION_GROUP_OF.items() if owner == group]
+def declare_env_options(env_name: str, options_cls: type) -> None:
+    declare_options("env", env_name, options_cls)
+
+
+def group_owner(group: str) -> tuple[str, list[str]]:
+    """Who declared an option group: ("env", the envs) or ("algo", the algorithms)."""
+    for kind, owners in GROUP_OWNERS.items():
+        names = [owner for owner, owned in owners.items() if owned == group]
+        if names:
+            return kind, names
+    raise KeyError(group)
 
 
 def load_builtin_envs() -> None:
     import sfengine_envs  # noqa: F401  (registers the built-in envs and declares their options)
+
+
+def load_builtin_algorithms() -> None:
+    from sfengine.algorithms import load_builtin_algorithms
+
+    load_builtin_algorithms()
 
 
 @dataclass
@@ -440,7 +417,6 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    flow_sar: FlowSARConfig = field(default_factory=FlowSARConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -448,32 +424,42 @@ class Config:
     env_options: dict[str, Any] = field(default_factory=dict)
 
     def options_group(self, group: str) -> Any:
-        """The options of an engine group (``"sampler"``) or of a declared env group (``"libero"``)."""
+        """The options of an engine group (``"sampler"``) or of a declared env or algorithm group (``"libero"``,
+        ``"flow_sar"``)."""
         if group in GROUPS:
             return getattr(self, group)
         if group not in self.env_options:
-            self.env_options[group] = ENV_OPTION_GROUPS[group]()
+            self.env_options[group] = DECLARED_GROUPS[group]()
         return self.env_options[group]
 
     @property
     def own_env_options(self) -> Any:
         """The options declared by this run's env (a ``LiberoOptions`` for ``--env=libero_spatial``), or None
         for an env that declares none."""
-        group = ENV_OPTION_GROUP_OF.get(self.env.env)
+        group = GROUP_OWNERS["env"].get(self.env.env)
         return self.options_group(group) if group else None
+
+    @property
+    def algorithm_options(self) -> Any:
+        """The options declared by this run's algorithm (FlowSAR's for ``--algo=flow_sar``), or None."""
+        group = GROUP_OWNERS["algo"].get(self.learner.algo)
+        return self.options_group(group) if group else None
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether this run's model has a value head: its algorithm's answer (PPO with GAE or V-trace: yes)."""
+        from sfengine.algorithms import algorithm_for
+
+        return algorithm_for(self).needs_critic(self)
+
+    @property
+    def critic_free(self) -> bool:
+        """``not needs_critic``, the name model factories written before algorithms were registered use."""
+        return not self.needs_critic
 
     @property
     def experiment_dir(self) -> Path:
         return Path(self.run.train_dir) / self.run.experiment
-
-    @property
-    def critic_free(self) -> bool:
-        """No critic: training batches of whole groups of episodes (group advantages, or FlowSAR's episodes)."""
-        return self.advantage.critic_free or self.flow_sar_on
-
-    @property
-    def flow_sar_on(self) -> bool:
-        return self.learner.algo == "flow_sar"
 
     @property
     def envs_per_split(self) -> int:
@@ -488,12 +474,16 @@ class Config:
         return self.samples_per_training_batch // self.sampler.rollout
 
     def groups_in_use(self) -> dict[str, Any]:
-        """Every engine group, and this env's own options: what config.json records."""
+        """Every engine group, and this env's and this algorithm's own options: what config.json records."""
         groups = {name: getattr(self, name) for name in GROUPS}
-        group = ENV_OPTION_GROUP_OF.get(self.env.env)
-        if group:
+        for group in self.own_groups():
             groups[group] = self.options_group(group)
         return groups
+
+    def own_groups(self) -> list[str]:
+        """The declared groups this run takes: its env's and its algorithm's."""
+        owned = (GROUP_OWNERS["env"].get(self.env.env), GROUP_OWNERS["algo"].get(self.learner.algo))
+        return [group for group in owned if group]
 
     def to_dict(self) -> dict:
         return {name: dataclasses.asdict(group) for name, group in self.groups_in_use().items()}
@@ -533,14 +523,15 @@ def _static_options() -> dict[str, OptionInfo]:
 
 
 @cache
-def _env_options() -> dict[str, OptionInfo]:
-    return _options_of(ENV_OPTION_GROUPS)
+def _declared_options() -> dict[str, OptionInfo]:
+    return _options_of(DECLARED_GROUPS)
 
 
 def option_table() -> dict[str, OptionInfo]:
-    """Every flat option name: the engine's and those declared by the registered envs."""
+    """Every flat option name: the engine's and those declared by the registered envs and algorithms."""
     load_builtin_envs()
-    return {**_static_options(), **_env_options()}
+    load_builtin_algorithms()
+    return {**_static_options(), **_declared_options()}
 
 
 def _type_name(annotation: Any) -> str:
@@ -664,9 +655,11 @@ def build_parser(
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--cfg", default=None, help=preset_help())
     table = option_table()
-    for group_name in [*GROUPS, *ENV_OPTION_GROUPS]:
-        envs = envs_taking(group_name)
-        description = f"options of --env={', '.join(envs)}" if envs else None
+    for group_name in [*GROUPS, *DECLARED_GROUPS]:
+        description = None
+        if group_name in DECLARED_GROUPS:
+            kind, owners = group_owner(group_name)
+            description = f"options of --{kind}={', '.join(owners)}"
         options = {name: info for name, info in table.items() if info.group == group_name}
         add_option_group(parser, group_name, options, description)
     return parser
@@ -792,21 +785,21 @@ def validate(cfg: Config) -> None:
     ):
         if getattr(lrn, name) < 0:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must not be negative")
-    _validate_policy_loss(cfg.policy_loss)
-    _validate_flow(cfg)
+    model = cfg.model
+    if model.flow_steps < 1 or not model.flow_hidden_sizes or min(model.flow_hidden_sizes) < 1:
+        raise ConfigError("--flow_steps must be at least 1 and --flow_hidden_sizes positive widths (e.g. 128,128)")
+    from sfengine.algorithms import algorithm_for
+
+    algorithm = algorithm_for(cfg)  # an unregistered --algo is an error here
     if lrn.critic_warmup_batches < 0:
         raise ConfigError(f"--critic_warmup_batches={lrn.critic_warmup_batches} must not be negative")
-    if lrn.critic_warmup_batches and cfg.critic_free:
+    if lrn.critic_warmup_batches and not algorithm.needs_critic(cfg):
         raise ConfigError(
-            "--critic_warmup_batches trains the value head, and this run has none (critic-free advantages or "
-            "--algo=flow_sar): drop it, or train with --advantage=gae or vtrace"
+            f"--critic_warmup_batches trains the value head, and this run has none ({algorithm.summary(cfg)}): drop "
+            "it, or train with --advantage=gae or vtrace"
         )
-    if (lrn.kl_coeff or lrn.target_kl) and cfg.flow_sar_on:
-        raise ConfigError(
-            "--kl_coeff and --target_kl measure a Gaussian or categorical policy's divergence; FlowSAR has its own "
-            "term: drop them and use --flow_sar_kl_coeff"
-        )
-    _validate_advantage(cfg)
+    if algorithm.validate is not None:
+        algorithm.validate(cfg)
     if cfg.model.action_chunk < 1:
         raise ConfigError(f"--action_chunk={cfg.model.action_chunk} must be at least 1 (1: one action per request)")
     if any(width < 1 for width in cfg.model.hidden_sizes) or not cfg.model.hidden_sizes:
@@ -848,68 +841,17 @@ def validate(cfg: Config) -> None:
             raise ConfigError("--device=cuda but torch sees no CUDA device; use --device=cpu")
 
 
-def _validate_advantage(cfg: Config) -> None:
-    advantage = cfg.advantage.advantage
-    if advantage not in (*CRITIC_ADVANTAGES, *GROUP_ADVANTAGES):
-        raise ConfigError(
-            f"--advantage={advantage!r} is not one of {', '.join([*CRITIC_ADVANTAGES, *GROUP_ADVANTAGES])}; register a "
-            "new one with sfengine.algo.register_group_advantage"
-        )
-    if cfg.advantage.critic_free and not cfg.sampler.async_rl:
-        raise ConfigError(
-            f"--advantage={advantage} trains on whole groups, which end at their own times, not on each worker's "
-            "share of rollouts: use --async_rl=true (each step keeps the version that acted; the clip applies to it)"
-        )
-    if cfg.advantage.critic_free and cfg.env.task_group_size < 2:
-        raise ConfigError(
-            f"--advantage={advantage} compares the episodes of a group with each other, and --task_group_size="
-            f"{cfg.env.task_group_size} makes groups of one: use --task_group_size=2 or more (e.g. 8)"
-        )
-    if cfg.advantage.group_loss_weighting != "step" and not cfg.advantage.critic_free:
-        raise ConfigError(
-            f"--group_loss_weighting={cfg.advantage.group_loss_weighting} weighs the episodes of a group, and "
-            f"--advantage={advantage} has no groups: use --advantage=rloo or grpo, or drop the option"
-        )
-
-
-def _validate_flow(cfg: Config) -> None:
-    """The flow head and FlowSAR go together: one without the other cannot train."""
-    model, sar = cfg.model, cfg.flow_sar
-    if cfg.flow_sar_on and model.policy_head != "flow":
-        raise ConfigError("--algo=flow_sar trains a flow-matching policy: add --policy_head=flow")
-    if model.policy_head == "flow" and not cfg.flow_sar_on:
-        raise ConfigError(
-            "--policy_head=flow has no likelihood, which PPO's ratio needs: train it with --algo=flow_sar"
-        )
-    if model.flow_steps < 1 or not model.flow_hidden_sizes or min(model.flow_hidden_sizes) < 1:
-        raise ConfigError("--flow_steps must be at least 1 and --flow_hidden_sizes positive widths (e.g. 128,128)")
-    if not cfg.flow_sar_on:
-        return
-    if cfg.advantage.advantage not in CRITIC_ADVANTAGES:
-        raise ConfigError(
-            f"--algo=flow_sar assigns credit itself; --advantage={cfg.advantage.advantage} is for --algo=ppo: drop it"
-        )
-    if cfg.advantage.group_outcome != "success":
-        raise ConfigError(
-            "--algo=flow_sar weighs each episode by its success (R = 0 or 1): add --group_outcome=success (the env "
-            "reports info['success'] at an episode's end)"
-        )
-    if not cfg.sampler.async_rl:
-        raise ConfigError("--algo=flow_sar trains on whole episodes, which end at their own times: use --async_rl=true")
-    if not 0 < sar.flow_sar_t_min <= sar.flow_sar_t_max <= 1 or not 0 < sar.flow_sar_tau_mid <= 1:
-        raise ConfigError("--flow_sar_t_min <= --flow_sar_t_max and --flow_sar_tau_mid must lie in (0, 1]")
-    if sar.flow_sar_temperature <= 0 or not 0 <= sar.flow_sar_w_min < sar.flow_sar_w_max:
-        raise ConfigError("--flow_sar_temperature must be positive and 0 <= --flow_sar_w_min < --flow_sar_w_max")
-
-
 def check_group_layout(cfg: Config) -> None:
-    """Critic-free advantages: a training batch holds whole groups, so one group of episodes at their step limit
+    """Group batches (critic-free advantages, FlowSAR): a training batch holds whole groups, so one group of episodes at their step limit
     (``--max_episode_steps``, filled in from the env when 0) must fit in it. Checked once the env is known."""
-    if not cfg.critic_free:
+    from sfengine.algorithms import algorithm_for
+
+    algorithm = algorithm_for(cfg)
+    if not algorithm.grouped(cfg):
         return
     size, samples = cfg.env.task_group_size, cfg.samples_per_training_batch
     limit = -(-cfg.env.max_episode_steps // cfg.model.action_chunk)  # entries: one per chunk
-    advantage = "--algo=flow_sar" if cfg.flow_sar_on else f"--advantage={cfg.advantage.advantage}"
+    advantage = algorithm.summary(cfg)
     if limit < 1:
         raise ConfigError(
             f"{advantage} batches whole groups of episodes, and --env={cfg.env.env} declares no step limit: set "
@@ -922,27 +864,6 @@ def check_group_layout(cfg: Config) -> None:
             f"samples) does not fit a training batch of --batch_size x --num_batches_per_epoch = {samples}: use "
             f"--num_batches_per_epoch={needed} or more, or a smaller --task_group_size or --max_episode_steps"
         )
-
-
-def _validate_policy_loss(policy: PolicyLossConfig) -> None:
-    if policy.clip_mode not in SURROGATES:
-        raise ConfigError(
-            f"--clip_mode={policy.clip_mode!r} is not one of {', '.join(SURROGATES)}; register a new one with "
-            "sfengine.algo.register_surrogate"
-        )
-    for name in ("soft_clip_alpha", "ce_gppo_beta_low", "ce_gppo_beta_high", "cispo_eps_high"):
-        if getattr(policy, name) < 0:
-            raise ConfigError(f"--{name}={getattr(policy, name)} must not be negative")
-    for name in ("sapo_tau_pos", "sapo_tau_neg"):
-        if getattr(policy, name) <= 0:
-            raise ConfigError(f"--{name}={getattr(policy, name)} must be positive")
-    if policy.ce_gppo_dual_clip != 0 and policy.ce_gppo_dual_clip <= 1:
-        raise ConfigError(
-            f"--ce_gppo_dual_clip={policy.ce_gppo_dual_clip} must be above 1 (it bounds ratios above the clip "
-            "range), or 0 to turn it off"
-        )
-    if not 0 <= policy.cispo_eps_low <= 1:
-        raise ConfigError(f"--cispo_eps_low={policy.cispo_eps_low} must be in [0, 1] (1: no lower bound)")
 
 
 def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> Config:
@@ -975,13 +896,16 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
             layers.insert(1 if env_defaults is not None else 0, inherited)
         given = layers
     cfg = _layered(layers)
-    table, own_group = option_table(), ENV_OPTION_GROUP_OF.get(cfg.env.env)
+    table, own_groups = option_table(), cfg.own_groups()
     for overrides, source in given:
         for name in overrides:
-            if table[name].group not in GROUPS and table[name].group != own_group:
+            group = table[name].group
+            if group not in GROUPS and group not in own_groups:
+                kind, owners = group_owner(group)
+                current = cfg.env.env if kind == "env" else cfg.learner.algo
                 raise ConfigError(
-                    f"--{name} (in {source}) is an option of --env={', '.join(envs_taking(table[name].group))}, "
-                    f"not of --env={cfg.env.env}; drop it or change --env"
+                    f"--{name} (in {source}) is an option of --{kind}={', '.join(owners)}, not of --{kind}={current}; "
+                    f"drop it or change --{kind}"
                 )
     validate(cfg)
     return cfg

@@ -32,7 +32,7 @@ from tensorboardX import SummaryWriter
 
 from sfengine.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
 from sfengine.config import (
-    ENV_OPTION_GROUP_OF,
+    GROUP_OWNERS,
     Config,
     ConfigError,
     add_command_options,
@@ -116,7 +116,7 @@ def demo_defaults(given: dict[str, Any], demo_set: DemoSet) -> list[str]:
     critic-free model in sfengine.evaluate and sfengine.train."""
     defaults = {"env": demo_set.env}
     env = given.get("env", demo_set.env)
-    if ENV_OPTION_GROUP_OF.get(env) == option_table()[OBS_MODE_OPTION].group:
+    if GROUP_OWNERS["env"].get(env) == option_table()[OBS_MODE_OPTION].group:
         defaults[OBS_MODE_OPTION] = demo_set.obs_mode
         images = [obs for obs in demo_set.demos[0].obs.values() if obs.ndim == 4] if demo_set.demos else []
         if images:  # the cameras' size too

@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import math
 
+from sfengine.algorithms import algorithm_for
 from sfengine.config import Config
 
 
 def start_block(cfg: Config, resumed_env_steps: int = 0, world_size: int = 1) -> str:
     s, lrn, run = cfg.sampler, cfg.learner, cfg.run
-    advantage = cfg.advantage.advantage
-    advantages = {"gae": "GAE", "vtrace": "V-trace"}.get(advantage, f"{advantage.upper()}, no critic")
-    if cfg.flow_sar_on:
-        advantages = "FlowSAR credit, no critic"
-    if cfg.critic_free:
-        advantages += f", groups of {cfg.env.task_group_size}"
-    if cfg.policy_loss.clip_mode != "ppo_clip":
-        advantages += f", {cfg.policy_loss.clip_mode}"
+    algorithm = algorithm_for(cfg)
+    details = f" ({algorithm.describe(cfg)})" if algorithm.describe else ""
     mode = (
         "serial mode (one process)"
         if s.serial_mode
@@ -41,7 +36,7 @@ def start_block(cfg: Config, resumed_env_steps: int = 0, world_size: int = 1) ->
         stops.append(f"a success rate of {run.stop_at_success:g}")
     ranks = f" on each of {world_size} ranks" if world_size > 1 else ""
     lines = [
-        f"sfengine: PPO on {cfg.env.env} ({advantages}), {mode}",
+        f"sfengine: {algorithm.title or algorithm.name} on {cfg.env.env}{details}, {mode}",
         f"  layout: {s.num_workers} rollout workers x {s.num_envs_per_worker} envs ({s.worker_num_splits} splits), "
         f"{inference_layout(s.num_inference_workers)}, learner on "
         f"{lrn.device}{ranks}; {lrn.batch_size} x {lrn.num_batches_per_epoch} samples a batch, {lrn.num_epochs} epochs",

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from signal_slot.signal_slot import signal
 from tensorboardX import SummaryWriter
 
+from sfengine.algorithms import Algorithm, algorithm_for
 from sfengine.buffers import SharedBuffers, SharedWeights
 from sfengine.checkpoint import list_checkpoints
 from sfengine.config import Config
@@ -39,8 +40,7 @@ from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
 from sfengine.hang_watch import HangWatch
 from sfengine.inference.inference_worker import InferenceWorker, connect_inference
 from sfengine.inference.policy_actor import own_policy
-from sfengine.learning.batcher import Batcher, buffers_released_signal
-from sfengine.learning.group_batcher import GroupBatcher
+from sfengine.learning.batcher import buffers_released_signal
 from sfengine.learning.learner_worker import LearnerWorker
 from sfengine.lifecycle import (
     STOP_TIMEOUT_SEC,
@@ -71,10 +71,11 @@ STARTING_STOP_GRACE_SEC = 5.0
 class Components:
     workers: list
     inference_workers: list
-    batcher: Batcher
+    batcher: Component  # the algorithm's: trajectories or whole groups of episodes (Algorithm.make_batcher)
     learner: LearnerWorker
     processes: list[EngineProcess]
     evaluator: TrainingEvaluator | None = None  # --eval_every_env_steps, rank 0 only
+    grouped: bool = False  # the batcher gathers whole groups of episodes
 
 
 def connect_components(runner: Runner, c: Components) -> None:
@@ -95,7 +96,7 @@ def connect_components(runner: Runner, c: Components) -> None:
     runner.stop_requested.connect(c.learner.on_stop_requested)
     for worker in c.workers:
         runner.inference_respawned.connect(worker.on_inference_respawned)
-    if isinstance(c.batcher, GroupBatcher):
+    if c.grouped:  # a group a respawn cut short is dropped whole
         runner.episodes_dropped.connect(c.batcher.on_episodes_dropped)
     for component in (*c.workers, *c.inference_workers, c.learner):
         component.event_loop.start.connect(component.on_start)
@@ -570,25 +571,15 @@ def build_components(
     ]
     learner_loop = loop_for("learner")
     batcher_loop = runner_loop if cfg.sampler.serial_mode else EngineEventLoop("batcher_evt_loop")
-    if cfg.critic_free:
-        batcher = GroupBatcher(
-            batcher_loop,
-            buffers,
-            cfg.sampler.rollout,
-            cfg.env.task_group_size,
-            cfg.samples_per_training_batch,
-            cfg.advantage.dynamic_sampling,
-            first_position=int(task_sequence.position[0]),
-        )
-    else:
-        batcher = Batcher(batcher_loop, buffers, cfg.trajectories_per_training_batch)
+    algorithm = algorithm_for(cfg)
+    batcher = algorithm.make_batcher(cfg, batcher_loop, buffers, task_sequence)
     learner = LearnerWorker(
         learner_loop, cfg, buffers, weights, obs_spec, action_spec, batcher, resume_state, task_sequence
     )
     evaluator = None
     if cfg.eval.eval_every_env_steps and RankInfo.from_environment().rank == 0:
         evaluator = TrainingEvaluator(loop_for("evaluator"), cfg, weights, env_factory, obs_spec, action_spec, tasks)
-    return Components(workers, inference_workers, batcher, learner, processes, evaluator)
+    return Components(workers, inference_workers, batcher, learner, processes, evaluator, algorithm.grouped(cfg))
 
 
 def run(
@@ -606,11 +597,12 @@ def run(
     initial_env_steps = int(resume_state["env_steps"]) if resume_state else 0
 
     buffers = SharedBuffers.allocate(cfg, obs_spec, action_spec)
-    weights = SharedWeights.allocate(model, reference=cfg.flow_sar_on)
-    weights.publish(model, initial_version, flow_sar_reference(cfg, model, resume_state))
+    algorithm = algorithm_for(cfg)
+    weights = SharedWeights.allocate(model, reference=algorithm.annotate is not None)
+    weights.publish(model, initial_version, initial_reference(algorithm, model, resume_state))
 
     task_sequence = None
-    if tasks is not None or cfg.critic_free:
+    if tasks is not None or algorithm.grouped(cfg):
         task_sequence = build_task_sequence(cfg, tasks, resume_state)
 
     runner_loop = EngineEventLoop("runner_evt_loop", serial_mode=cfg.sampler.serial_mode)
@@ -646,13 +638,14 @@ def run(
     return runner.exit_code
 
 
-def flow_sar_reference(cfg: Config, model: ActorCritic, resume_state: dict | None) -> ActorCritic | None:
-    """FlowSAR's reference policy as the run starts: the policy itself, or the checkpoint's reference on resume
-    (the inference workers annotate the first batches with it, before the learner's first update)."""
-    if not cfg.flow_sar_on:
+def initial_reference(algorithm: Algorithm, model: ActorCritic, resume_state: dict | None) -> ActorCritic | None:
+    """The reference policy of an algorithm that annotates (FlowSAR) as the run starts: the policy itself, or on
+    resume the one its trainer saved (``state_dict()["reference"]``): the acting side annotates the first batches
+    with it, before the learner's first update."""
+    if algorithm.annotate is None:
         return None
     reference = copy.deepcopy(model)
-    saved = (resume_state or {}).get("flow_sar")
+    saved = (resume_state or {}).get(algorithm.name)
     if saved is not None:
         reference.load_state_dict(saved["reference"])
     return reference

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from sfengine.algorithms import algorithm_for
 from sfengine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest_checkpoint
 from sfengine.config import Config, ConfigError, check_group_layout, env_defaults_preset, parse_config, save_config
 from sfengine.distributed import RankInfo
@@ -73,7 +74,7 @@ def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, Ta
         env = factory(env_context(cfg, -1, 0, cfg.env.seed))
     except Exception as exc:  # noqa: BLE001  (any failure here is a failure to build the user's env)
         raise ConfigError(f"env '{cfg.env.env}' could not be created: {type(exc).__name__}: {exc}") from None
-    if cfg.critic_free and not cfg.env.max_episode_steps:
+    if algorithm_for(cfg).grouped(cfg) and not cfg.env.max_episode_steps:
         # Groups are batched whole, so their size in samples must be known: take the env's own step limit.
         cfg.env.max_episode_steps = episode_step_limit(env)
     try:

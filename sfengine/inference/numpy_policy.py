@@ -12,7 +12,9 @@ It reads the model's own parameters and buffers through numpy views of their sto
 model in place (``SharedWeights.pull``) reach it; ``refresh()`` after a pull recomputes what is derived from them
 (the normaliser's scale, the action std, the return statistics). Draws come from a numpy generator: a sample is
 the same distribution as the torch model's, and its log-prob is that of the policy that acted, as PPO's ratio
-needs. Models with image keys stay on torch (their CNNs are where the cost is, and torch runs them well).
+needs. Models with image keys stay on torch (their CNNs are where the cost is, and torch runs them well), and so
+do registered models: this is the built-in ``ActorCritic``'s computation, and a subclass may override any part of it.
+``numpy_unsupported_reason`` is the one check of what numpy runs, for acting and for the learner's numpy step.
 """
 
 from __future__ import annotations
@@ -65,7 +67,13 @@ def choose_inference_backend(cfg: Config, model: ActorCritic) -> str:
 
 
 def numpy_unsupported_reason(model: ActorCritic) -> str | None:
-    """Why ``NumpyPolicy`` cannot run this model, or None if it can."""
+    """Why the numpy path cannot compute this model, or None if it can: the check that ``NumpyPolicy`` (acting) and
+    ``numpy_learner_unsupported_reason`` (the learner's step) share, so a model acts and learns in numpy or in
+    neither."""
+    if type(model) is not ActorCritic:
+        # Numpy computes the built-in model: a subclass's own sample, heads or forward would be skipped, and the
+        # acting policy would silently differ from the one the learner trains.
+        return f"a registered model ({type(model).__name__}) may compute its own way, which numpy would skip"
     if model.flow_head is not None:
         return "the flow head runs in torch"
     if model.image_keys:

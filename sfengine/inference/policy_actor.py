@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from sfengine.algo.flow_sar import self_annotate
+from sfengine.algorithms import algorithm_for
 from sfengine.buffers import ANNOTATION_FIELDS, POLICY_FIELDS, SharedBuffers, SharedWeights
 from sfengine.config import Config
 from sfengine.distributed import rank_device
@@ -68,7 +68,8 @@ class PolicyActor:
         self.model.for_inference(getattr(torch, self.cfg.sampler.inference_dtype)).eval()
         # FlowSAR: the reference policy, pulled with the policy, self-annotates every step the policy acts.
         self.reference = None
-        if self.cfg.flow_sar_on and self.weights.reference_tensors is not None and not self.deterministic:
+        self.annotate = algorithm_for(self.cfg).annotate
+        if self.annotate is not None and self.weights.reference_tensors is not None and not self.deterministic:
             self.reference = ActorCritic.for_config(self.cfg, self.obs_spec, self.action_spec).to(self.device).eval()
         self.version = self.weights.pull(self.model, self.reference)
         self.numpy_policy = None
@@ -116,10 +117,7 @@ class PolicyActor:
             out_fields["log_probs"][flat_np] = out.log_probs.cpu().numpy()
             out_fields["values"][flat_np] = out.values.cpu().numpy()
             if self.reference is not None:
-                sar = self.cfg.flow_sar
-                annotation = self_annotate(
-                    self.reference, obs, out.actions, sar.flow_sar_tau_mid, sar.flow_sar_t_min, sar.flow_sar_t_max
-                )
+                annotation = self.annotate(self.cfg, self.reference, obs, out.actions)
                 for name, values in zip(ANNOTATION_FIELDS, annotation):
                     self.flat_annotations_np[name][flat_np] = values.cpu().numpy()
             if truncated_rows:

@@ -79,6 +79,26 @@ class GroupBatch:
             groups=torch.zeros(capacity // group_size + 1, dtype=torch.int64),
         )
 
+    def sampled_env_steps(self) -> int:
+        """The batch's env steps and those of the groups dropped since the last one."""
+        return self.env_steps
+
+    @property
+    def trainable(self) -> bool:
+        """False for a batch of dropped groups' steps only (--dynamic_sampling): nothing to train on."""
+        return self.num_groups > 0
+
+    def batch_stats(self) -> dict[str, float]:
+        """How many groups were dropped since the last batch, and why (``--dynamic_sampling``: uniform outcomes)."""
+        dropped = sum(self.dropped_groups.values())
+        stats = {
+            "groups_trained": float(self.num_groups),
+            "groups_dropped_fraction": dropped / (dropped + self.num_groups),
+        }
+        for reason, count in self.dropped_groups.items():
+            stats[f"groups_dropped_{reason}"] = float(count)
+        return stats
+
     def tensors(self) -> dict[str, Tensor]:
         out = {f"obs.{key}": t for key, t in self.obs.items()}
         out.update({f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)})

@@ -17,16 +17,13 @@ import time
 
 from signal_slot.signal_slot import Timer, signal
 
-from sfengine.buffers import SharedBuffers, SharedWeights, TrajectoryBuffers
+from sfengine.algorithms import algorithm_for
+from sfengine.buffers import SharedBuffers, SharedWeights
 from sfengine.checkpoint import CheckpointSaveError, list_checkpoints, save_checkpoint
 from sfengine.config import Config
 from sfengine.cpu_threads import set_cpu_threads
 from sfengine.distributed import LearnerGroup, RankBatch, RankInfo, parameter_checksum, rank_device
 from sfengine.event_loop import Component, stop_own_loop
-from sfengine.learning.batcher import Batcher
-from sfengine.learning.flow_sar_trainer import FlowSARTrainer
-from sfengine.learning.group_batcher import GroupBatch, GroupBatcher
-from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.messages import EpisodeStats, LearnerReport
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
@@ -35,18 +32,6 @@ from sfengine.task_sequence import SharedTaskSequence
 log = logging.getLogger(__name__)
 
 NUM_BATCH_SLOTS = 2
-
-
-def group_stats(batch: GroupBatch) -> dict[str, float]:
-    """How many groups were dropped since the last batch, and why (``--dynamic_sampling``: uniform outcomes)."""
-    dropped = sum(batch.dropped_groups.values())
-    stats = {
-        "groups_trained": float(batch.num_groups),
-        "groups_dropped_fraction": dropped / (dropped + batch.num_groups),
-    }
-    for reason, count in batch.dropped_groups.items():
-        stats[f"groups_dropped_{reason}"] = float(count)
-    return stats
 
 
 class LearnerWorker(Component):
@@ -58,7 +43,7 @@ class LearnerWorker(Component):
         weights: SharedWeights,
         obs_spec: ObsSpec,
         action_spec: ActionSpec,
-        batcher: Batcher | GroupBatcher,
+        batcher: Component,
         resume_state: dict | None,
         task_sequence: SharedTaskSequence | None = None,
     ):
@@ -94,13 +79,12 @@ class LearnerWorker(Component):
         # --seed, or loaded from the checkpoint on resume). A model of this process's own would be another policy,
         # foreign to the first batches' log-probs and values.
         self.weights.pull(self.model)
-        self.trainer = (
-            FlowSARTrainer(self.model, cfg, self.group) if cfg.flow_sar_on else PPOTrainer(self.model, cfg, self.group)
-        )
-        # The checkpoint's key for the trainer's own state: FlowSAR's reference, or --kl_coeff's.
-        self.trainer_key = "flow_sar" if cfg.flow_sar_on else "ppo"
-        # FlowSAR's reference policy travels beside the policy; the inference workers self-annotate with it.
-        self.reference = self.trainer.reference if cfg.flow_sar_on else None
+        algorithm = algorithm_for(cfg)
+        self.trainer = algorithm.trainer(self.model, cfg, self.group)
+        # The checkpoint's key for the trainer's own state (FlowSAR's reference, --kl_coeff's): the algorithm's name.
+        self.trainer_key = algorithm.name
+        # A reference policy (FlowSAR's) travels beside the policy; the acting side annotates with it.
+        self.reference = self.trainer.reference
         self.env_steps, self.version = 0, 0
         if self.resume_state is not None:
             self.trainer.optimizer.load_state_dict(self.resume_state["optimizer"])
@@ -114,28 +98,7 @@ class LearnerWorker(Component):
         self.weights.publish(self.model, self.version, self.reference)
         self.rank_env_steps = [0] * self.ranks.world_size  # this run's, per rank
         self.rank_sequences: list[dict] = [{}] * self.ranks.world_size
-        if cfg.critic_free:
-            slots = [
-                GroupBatch.allocate(
-                    cfg.samples_per_training_batch,
-                    cfg.env.task_group_size,
-                    self.obs_spec,
-                    self.action_spec,
-                    annotated=cfg.flow_sar_on,
-                )
-                for _ in range(NUM_BATCH_SLOTS)
-            ]
-        else:
-            slots = [
-                TrajectoryBuffers.allocate(
-                    cfg.trajectories_per_training_batch,
-                    cfg.sampler.rollout,
-                    self.obs_spec,
-                    self.action_spec,
-                    shared=False,
-                )
-                for _ in range(NUM_BATCH_SLOTS)
-            ]
+        slots = [algorithm.allocate_batch(cfg, self.obs_spec, self.action_spec) for _ in range(NUM_BATCH_SLOTS)]
         if self.device.type == "cuda":
             slots = [slot.pin_memory_() for slot in slots]
         self.batch_slots = slots
@@ -176,14 +139,10 @@ class LearnerWorker(Component):
             return
         started = time.perf_counter()
         batch = self.batch_slots[slot]
-        if isinstance(batch, GroupBatch):
-            samples = batch.env_steps  # the batch's steps and those of the groups dropped since the last one
-        else:
-            samples = int(batch.chunk_steps[:, :-1].sum())  # env steps: one per entry, or per action of a chunk
+        samples = batch.sampled_env_steps()
         # An empty group batch only counts the env steps of dropped groups (--dynamic_sampling): nothing to train.
         # The ranks' updates all-reduce gradients step by step, so then no rank updates this round.
-        trainable = not (isinstance(batch, GroupBatch) and batch.num_groups == 0)
-        ranks, in_sync = self._exchange(samples, trainable)
+        ranks, in_sync = self._exchange(samples, batch.trainable)
         other_ranks_episodes = [episode for rank in ranks[1:] for episode in rank.episodes]
         if any(rank.stop_requested for rank in ranks):
             self.stop_agreed = True
@@ -197,8 +156,7 @@ class LearnerWorker(Component):
                 stats = self.trainer.train(on_device, self.version, self.env_steps)
             self.version += 1
             self.weights.publish(self.model, self.version, self.reference)
-        if isinstance(batch, GroupBatch):
-            stats.update(group_stats(batch))
+        stats.update(batch.batch_stats())
         if self.failed_saves:
             stats["checkpoint_save_failures"] = float(self.failed_saves)
         self.env_steps += sum(rank.samples for rank in ranks)

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from sfengine.algorithms import algorithm_for
 from sfengine.config import Config, ConfigError
 from sfengine.distributed import LearnerGroup
 from sfengine.inference.numpy_policy import (
@@ -56,16 +57,15 @@ def choose_learner_backend(cfg: Config, model: ActorCritic) -> str:
 
 
 def numpy_learner_unsupported_reason(cfg: Config, model: ActorCritic) -> str | None:
-    """Why ``NumpyStep`` cannot train this model with this config, or None if it can: what the numpy policy cannot
-    run, and what it runs but the step has no gradient for."""
-    if cfg.flow_sar_on:
-        return "FlowSAR trains in torch"
+    """Why ``NumpyStep`` cannot train this model with this config, or None if it can: what the numpy path cannot
+    compute (``numpy_unsupported_reason``, the check acting shares: a registered model among them), and what it
+    computes but the step has no gradient for."""
+    if not algorithm_for(cfg).numpy_learner:
+        return f"--algo={cfg.learner.algo} trains in torch"
     if cfg.learner.device != "cpu":
         return f"the learner runs on --device={cfg.learner.device}"
     if reason := numpy_unsupported_reason(model):
         return reason
-    if type(model) is not ActorCritic:
-        return f"a registered model ({type(model).__name__}) may compute its own way"
     if cfg.learner.kl_coeff > 0:
         return "the KL penalty (--kl_coeff) runs in torch"
     if cfg.policy_loss.clip_mode != "ppo_clip":

@@ -233,7 +233,7 @@ class ActorCritic(nn.Module):
         """The run's model (``--model``: the built-in one, or a registered one): without a critic when its
         advantages need none. Every process builds its copy here, so a registered model acts and learns alike."""
         if cfg.model.model == DEFAULT_MODEL:
-            return cls(obs_spec, action_spec, cfg.model, critic=not cfg.critic_free)
+            return cls(obs_spec, action_spec, cfg.model, critic=cfg.needs_critic)
         factory = MODELS.get(cfg.model.model)
         if factory is None:
             raise ConfigError(

@@ -26,6 +26,7 @@ from collections import deque
 import numpy as np
 from signal_slot.signal_slot import Timer, signal
 
+from sfengine.algorithms import algorithm_for
 from sfengine.buffers import CARRIED_FIELDS, NO_ENV, SharedBuffers
 from sfengine.config import Config
 from sfengine.cpu_threads import set_cpu_threads
@@ -108,6 +109,7 @@ class RolloutWorker(Component):
         # Group advantages: every step records its episode's sequence position, every episode end its outcome.
         self.outcome_is_success = cfg.advantage.group_outcome == "success"
         self.warned_no_success = False
+        self.grouped = algorithm_for(cfg).grouped(cfg)  # episodes batched in groups: outcomes matter
         self.stopped = False
 
     @staticmethod
@@ -401,7 +403,7 @@ class RolloutWorker(Component):
         """An episode's outcome for group advantages: its return, or its success."""
         if not self.outcome_is_success:
             return episode.episode_return
-        if math.isnan(episode.success) and not self.warned_no_success and self.cfg.critic_free:
+        if math.isnan(episode.success) and not self.warned_no_success and self.grouped:
             self.warned_no_success = True
             log.error(
                 "--group_outcome=success, but %s reports no 'success' in the info of an episode's last step: its "

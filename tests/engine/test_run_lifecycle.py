@@ -654,7 +654,7 @@ STUCK_LEARNER_SCRIPT = textwrap.dedent(
     import sys
     import time
 
-    from sfengine.learning.ppo_trainer import PPOTrainer
+    from sfengine.algorithms.ppo.trainer import PPOTrainer
     from sfengine.train import main
 
     real_train, updates = PPOTrainer.train, []

@@ -16,6 +16,7 @@ from helpers import run_train, train_command
 from sfengine.buffers import SharedWeights
 from sfengine.config import ConfigError, ModelConfig, parse_config
 from sfengine.inference.numpy_policy import NumpyPolicy, choose_inference_backend
+from sfengine.learning.numpy_step import choose_learner_backend
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import action_spec_from_space, obs_spec_from_space
 
@@ -154,6 +155,26 @@ def test_auto_takes_numpy_for_mlps_on_cpu_and_torch_for_images_or_a_gpu():
         choose_inference_backend(parse_config(["--inference_backend=numpy"]), cnn)
 
 
+class PushesLeft(ActorCritic):
+    """A registered model's kind of change: a sample of its own over the built-in Linear and Tanh layers."""
+
+    def sample(self, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(params.shape[0], dtype=torch.int64), torch.log_softmax(params, dim=-1)[:, 0]
+
+
+def test_a_subclass_acts_and_learns_in_torch_and_the_built_in_mlp_in_numpy():
+    specs = obs_spec_from_space(BOX), action_spec_from_space(gym.spaces.Discrete(2))
+    built_in, subclass = ActorCritic(*specs, ModelConfig()), PushesLeft(*specs, ModelConfig())
+    cfg = parse_config([])
+    # One check decides both: numpy would act with the built-in sample, not the subclass's.
+    assert (choose_inference_backend(cfg, built_in), choose_learner_backend(cfg, built_in)) == ("numpy", "numpy")
+    assert (choose_inference_backend(cfg, subclass), choose_learner_backend(cfg, subclass)) == ("torch", "torch")
+    with pytest.raises(ConfigError, match=r"cannot run this policy: a registered model \(PushesLeft\)"):
+        choose_inference_backend(parse_config(["--inference_backend=numpy"]), subclass)
+    with pytest.raises(ValueError, match=r"a registered model \(PushesLeft\)"):
+        NumpyPolicy(subclass, seed=0)
+
+
 def test_numpy_backend_on_an_image_env_is_a_one_line_error(train_dir):
     result = run_train(train_dir, "image", "--env=image_bandit", "--inference_backend=numpy")
     assert result.returncode == 2
@@ -168,7 +189,8 @@ RATIO_RECORDING_SCRIPT = textwrap.dedent(
     import json
     import sys
 
-    from sfengine.learning import numpy_step, ppo_trainer
+    from sfengine.algorithms.ppo import trainer as ppo_trainer
+    from sfengine.learning import numpy_step
     from sfengine.train import main
 
     real_train, real_loss, real_step, first = (

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sfengine.algorithms.ppo.trainer import PPOTrainer
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, ConfigError, parse_config
-from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.models.actor_critic import ActorCritic, is_critic_key
 from sfengine.spaces import ActionSpec, ObsSpec
 

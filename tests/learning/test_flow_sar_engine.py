@@ -30,7 +30,7 @@ CHECKING_SCRIPT = textwrap.dedent(
 
     import torch
 
-    from sfengine.learning import flow_sar_trainer
+    from sfengine.algorithms.flow_sar import trainer as flow_sar_trainer
     from sfengine.train import main
 
     real, references = flow_sar_trainer.FlowSARTrainer.train, {{}}

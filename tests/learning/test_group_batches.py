@@ -22,7 +22,7 @@ RECORDING_SCRIPT = textwrap.dedent(
     import json
     import sys
 
-    from sfengine.learning import ppo_trainer
+    from sfengine.algorithms.ppo import trainer as ppo_trainer
     from sfengine.train import main
 
     real = ppo_trainer.PPOTrainer._train_on_groups

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from helpers import run_train
+from sfengine.algorithms.ppo.trainer import PPOTrainer
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, ConfigError
 from sfengine.learning.numpy_step import choose_learner_backend
-from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from sfengine.algo import gae
+from sfengine.algorithms.ppo import trainer as ppo_trainer
+from sfengine.algorithms.ppo.trainer import PPOTrainer
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
-from sfengine.learning import ppo_trainer
 from sfengine.learning.group_batcher import GroupBatch
-from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
 

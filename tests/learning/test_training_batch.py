@@ -22,9 +22,9 @@ import torch
 
 from sfengine import register_env
 from sfengine.algo import explained_variance, gae, vtrace
+from sfengine.algorithms.ppo.trainer import PPOTrainer
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, parse_config
-from sfengine.learning.ppo_trainer import PPOTrainer
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import action_spec_from_space, obs_spec_from_space
 from sfengine.train import main

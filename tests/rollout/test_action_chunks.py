@@ -26,7 +26,7 @@ RECORDING_SCRIPT = textwrap.dedent(
 
     import torch
 
-    from sfengine.learning import ppo_trainer
+    from sfengine.algorithms.ppo import trainer as ppo_trainer
     from sfengine.train import main
 
     real = ppo_trainer.PPOTrainer.train

@@ -28,21 +28,18 @@ from sfengine.algo import (
 from sfengine.algo.group_advantages import GROUP_ADVANTAGES, episode_step_weights
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
-from sfengine.distributed import LearnerGroup, RankInfo
+from sfengine.distributed import LearnerGroup
 from sfengine.learning.group_batcher import GroupBatch
 from sfengine.learning.numpy_step import NumpyStep, choose_learner_backend
+from sfengine.learning.trainer import Trainer
 from sfengine.models.actor_critic import ActorCritic
 
 
-class PPOTrainer:
+class PPOTrainer(Trainer):
     def __init__(self, model: ActorCritic, cfg: Config, group: LearnerGroup | None = None):
-        self.model, self.cfg = model, cfg
+        super().__init__(model, cfg, group)
         # One trajectory entry per decision: with --action_chunk=K, K env steps (each discounted by gamma) apart.
         self.gamma = cfg.learner.gamma**cfg.model.action_chunk
-        self.group = group or LearnerGroup(RankInfo(), torch.device("cpu"))  # the ranks, in a multi-rank run
-        self.optimizer = torch.optim.Adam(
-            model.parameters(), lr=cfg.learner.learning_rate, eps=cfg.learner.adam_eps, fused=True
-        )
         policy = dataclasses.asdict(cfg.policy_loss)
         self.clip_mode = policy.pop("clip_mode")
         self.surrogate_params = SurrogateParams(clip_ratio=cfg.learner.ppo_clip_ratio, **policy)
@@ -64,16 +61,9 @@ class PPOTrainer:
         if self.kl_reference is not None and "kl_reference" in state:
             self.kl_reference.load_state_dict(state["kl_reference"])
 
-    def learning_rate(self, env_steps: int) -> float:
-        lr = self.cfg.learner.learning_rate
-        if self.cfg.learner.lr_schedule == "linear":
-            lr *= max(0.0, 1.0 - env_steps / self.cfg.run.train_for_env_steps)
-        return lr
-
     def train(self, batch: TrajectoryBuffers | GroupBatch, learner_version: int, env_steps: int) -> dict[str, float]:
         """Run ``num_epochs`` x ``num_batches_per_epoch`` optimiser steps on ``batch``; return the stats."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate(env_steps)
+        self.set_learning_rate(env_steps)
         self.sums, self.ratio_range = {}, [math.inf, -math.inf]
         self.train_policy = True
         self.steps_taken, self.stopped_at_target_kl = 0, False
@@ -260,7 +250,7 @@ class PPOTrainer:
             extra["kl_to_reference"] = float(kl.detach())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = self._apply_gradients()
+        grad_norm = self.apply_gradients()
         values = {name: float(getattr(losses, name).detach()) for name in ("policy_loss", "value_loss", "entropy")}
         values["loss"] = float(loss.detach())
         self._add_step_stats({**values, **extra, "grad_norm": grad_norm}, diagnostics or losses.diagnostics)
@@ -287,27 +277,6 @@ class PPOTrainer:
         """Put the numpy steps' weights and Adam state back into the torch model before torch reads it."""
         if self.numpy_step is not None:
             self.numpy_step.end()
-
-    def _apply_gradients(self) -> float:
-        """Average the gradients over the ranks, clip them and step; the gradient norm before the clip. A step
-        whose gradient is not finite (a NaN or infinite loss: say, a NaN observation or reward from the env) is
-        skipped and counted in ``nonfinite_steps``, so one bad sample cannot turn every weight into NaN. Every rank
-        sees the same averaged norm, so all skip together."""
-        grad_norm = self._clip_gradients()
-        finite = math.isfinite(grad_norm)
-        if finite:
-            self.optimizer.step()
-        self.sums["nonfinite_steps"] = self.sums.get("nonfinite_steps", 0.0) + (not finite)
-        return grad_norm if finite else 0.0
-
-    def _clip_gradients(self) -> float:
-        max_norm = self.cfg.learner.max_grad_norm
-        # The optimiser's own list: walking the module tree for it every minibatch took 4% of a 64-64 MLP's step.
-        # Parameters without a gradient (None) are skipped by the clip.
-        self.group.average_gradients(self.model)
-        params = self.optimizer.param_groups[0]["params"]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
-        return float(norm)
 
     @torch.no_grad()
     def _current_values(self, batch: TrajectoryBuffers) -> Tensor:

@@ -4,7 +4,8 @@ then epochs of minibatch steps on the mirror-branch loss, then the EMA step of t
 The batch is a ``GroupBatch`` (whole episodes with their success, grouped by ``--task_group_size``; groups of one
 are allowed: FlowSAR's credit is per episode, not per group). Each step carries what the inference worker's
 self-annotation wrote with the reference policy: ``e_i``, and the training point ``(t, eps)`` with ``v_old``. The
-math is ``sfengine.algo.flow_sar``; the optimiser, the learning-rate schedule and the gradient clip are PPOTrainer's.
+math is ``sfengine.algo.flow_sar``; the optimiser, the learning-rate schedule and the gradient step are the
+shared ``Trainer``'s.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from sfengine.algo.flow_sar import credit_weights, ema_decay, ema_update_, flow_
 from sfengine.config import Config
 from sfengine.distributed import LearnerGroup
 from sfengine.learning.group_batcher import GroupBatch
-from sfengine.learning.ppo_trainer import PPOTrainer
+from sfengine.learning.trainer import Trainer
 from sfengine.models.actor_critic import ActorCritic
 
 
-class FlowSARTrainer(PPOTrainer):
+class FlowSARTrainer(Trainer):
     def __init__(self, model: ActorCritic, cfg: Config, group: LearnerGroup | None = None):
         super().__init__(model, cfg, group)
         self.reference = copy.deepcopy(model)  # theta_old, published beside the policy (SharedWeights)
@@ -41,9 +42,8 @@ class FlowSARTrainer(PPOTrainer):
         self.updates = int(state["updates"])
 
     def train(self, batch: GroupBatch, learner_version: int, env_steps: int) -> dict[str, float]:
-        cfg, sar = self.cfg.learner, self.cfg.flow_sar
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate(env_steps)
+        cfg, sar = self.cfg.learner, self.cfg.algorithm_options
+        self.set_learning_rate(env_steps)
         n = batch.num_steps
         success = batch.outcomes[: batch.num_groups].reshape(-1)  # episode group * G + member
         episodes = batch.episodes[:n]
@@ -55,7 +55,7 @@ class FlowSARTrainer(PPOTrainer):
         target = noise - actions  # u: the path's velocity
         obs = {key: o[:n] for key, o in batch.obs.items()}
         num_episodes = success.shape[0]
-        self.sums = sums = {}  # _apply_gradients counts skipped steps in it too
+        self.sums = sums = {}  # apply_gradients counts skipped steps in it too
         for _ in range(cfg.num_epochs):
             for idx in torch.randperm(n, device=actions.device).chunk(cfg.num_batches_per_epoch):
                 v_theta = self.model.flow_head.velocity(
@@ -78,7 +78,7 @@ class FlowSARTrainer(PPOTrainer):
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + self._apply_gradients()
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + self.apply_gradients()
                 for name, value in out._asdict().items():
                     sums[name] = sums.get(name, 0.0) + float(value.detach())
         self.model.update_normalizers(obs, self.group.sum)

@@ -1,0 +1,95 @@
+"""PPO (``--algo=ppo``, the default): the policy surrogate of ``--clip_mode`` (``sfengine.algo.surrogates``) with
+the advantages of ``--advantage``: with a critic (GAE, V-trace) on trajectory batches, or critic-free (RLOO,
+GRPO, or one given to ``register_group_advantage``) on batches of whole groups of episodes of one (task, init
+state). The update is ``trainer.PPOTrainer``; the math is in ``sfengine.algo``.
+"""
+
+from __future__ import annotations
+
+from sfengine.algo.group_advantages import GROUP_ADVANTAGES
+from sfengine.algo.surrogates import SURROGATES
+from sfengine.algorithms import GROUPS, TRAJECTORIES, Algorithm, register_algorithm
+from sfengine.algorithms.ppo.trainer import PPOTrainer
+from sfengine.config import Config, ConfigError, PolicyLossConfig
+
+CRITIC_ADVANTAGES = ("gae", "vtrace")
+
+
+def group_advantages(cfg: Config) -> bool:
+    """Critic-free: each episode judged against the others of its group, no value head."""
+    return cfg.advantage.advantage not in CRITIC_ADVANTAGES
+
+
+def validate(cfg: Config) -> None:
+    advantage = cfg.advantage.advantage
+    if cfg.model.policy_head == "flow":
+        raise ConfigError(
+            "--policy_head=flow has no likelihood, which PPO's ratio needs: train it with --algo=flow_sar"
+        )
+    if advantage not in (*CRITIC_ADVANTAGES, *GROUP_ADVANTAGES):
+        raise ConfigError(
+            f"--advantage={advantage!r} is not one of {', '.join([*CRITIC_ADVANTAGES, *GROUP_ADVANTAGES])}; register a "
+            "new one with sfengine.algo.register_group_advantage"
+        )
+    grouped = group_advantages(cfg)
+    if grouped and not cfg.sampler.async_rl:
+        raise ConfigError(
+            f"--advantage={advantage} trains on whole groups, which end at their own times, not on each worker's "
+            "share of rollouts: use --async_rl=true (each step keeps the version that acted; the clip applies to it)"
+        )
+    if grouped and cfg.env.task_group_size < 2:
+        raise ConfigError(
+            f"--advantage={advantage} compares the episodes of a group with each other, and --task_group_size="
+            f"{cfg.env.task_group_size} makes groups of one: use --task_group_size=2 or more (e.g. 8)"
+        )
+    if cfg.advantage.group_loss_weighting != "step" and not grouped:
+        raise ConfigError(
+            f"--group_loss_weighting={cfg.advantage.group_loss_weighting} weighs the episodes of a group, and "
+            f"--advantage={advantage} has no groups: use --advantage=rloo or grpo, or drop the option"
+        )
+    validate_policy_loss(cfg.policy_loss)
+
+
+def validate_policy_loss(policy: PolicyLossConfig) -> None:
+    if policy.clip_mode not in SURROGATES:
+        raise ConfigError(
+            f"--clip_mode={policy.clip_mode!r} is not one of {', '.join(SURROGATES)}; register a new one with "
+            "sfengine.algo.register_surrogate"
+        )
+    for name in ("soft_clip_alpha", "ce_gppo_beta_low", "ce_gppo_beta_high", "cispo_eps_high"):
+        if getattr(policy, name) < 0:
+            raise ConfigError(f"--{name}={getattr(policy, name)} must not be negative")
+    for name in ("sapo_tau_pos", "sapo_tau_neg"):
+        if getattr(policy, name) <= 0:
+            raise ConfigError(f"--{name}={getattr(policy, name)} must be positive")
+    if policy.ce_gppo_dual_clip != 0 and policy.ce_gppo_dual_clip <= 1:
+        raise ConfigError(
+            f"--ce_gppo_dual_clip={policy.ce_gppo_dual_clip} must be above 1 (it bounds ratios above the clip "
+            "range), or 0 to turn it off"
+        )
+    if not 0 <= policy.cispo_eps_low <= 1:
+        raise ConfigError(f"--cispo_eps_low={policy.cispo_eps_low} must be in [0, 1] (1: no lower bound)")
+
+
+def describe(cfg: Config) -> str:
+    advantage = cfg.advantage.advantage
+    words = {"gae": "GAE", "vtrace": "V-trace"}.get(advantage, f"{advantage.upper()}, no critic")
+    if group_advantages(cfg):
+        words += f", groups of {cfg.env.task_group_size}"
+    if cfg.policy_loss.clip_mode != "ppo_clip":
+        words += f", {cfg.policy_loss.clip_mode}"
+    return words
+
+
+register_algorithm(
+    "ppo",
+    Algorithm(
+        trainer=PPOTrainer,
+        validate=validate,
+        critic=lambda cfg: not group_advantages(cfg),
+        batch=lambda cfg: GROUPS if group_advantages(cfg) else TRAJECTORIES,
+        numpy_learner=True,
+        title="PPO",
+        describe=describe,
+    ),
+)
