@@ -163,7 +163,8 @@ class Respawner:
         self.starting: dict[str, float] = {}  # component -> when its death was noticed, until its first report
         self.stats = RespawnStats()
         self.rng = random.Random(cfg.env.seed)
-        self.next_chaos = time.monotonic() + run.chaos_kill_every_sec if run.chaos_kill_every_sec else None
+        chaos = cfg.debug.chaos_kill_every_sec
+        self.next_chaos = time.monotonic() + chaos if chaos else None
 
     def refusal(self, component: str) -> str | None:
         """Why ``component`` may not be respawned now, or None."""
@@ -254,7 +255,7 @@ class Respawner:
         """--chaos_kill_every_sec: when it is time, a random running rollout or inference worker, killed here."""
         if self.next_chaos is None or time.monotonic() < self.next_chaos:
             return None
-        self.next_chaos = time.monotonic() + self.cfg.run.chaos_kill_every_sec
+        self.next_chaos = time.monotonic() + self.cfg.debug.chaos_kill_every_sec
         candidates = [
             p
             for p in processes

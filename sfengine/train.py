@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return 0  # nothing to train: starting the workers would only wait for a batch the learner may not take
-    from sfengine.runner import run
+    from sfengine.wiring import run
 
     if ranks.rank == 0:
         print(start_block(cfg, resume_state["env_steps"] if resume_state else 0, ranks.world_size), flush=True)

@@ -150,7 +150,7 @@ class LearnerWorker(Component):
             self._report({}, other_ranks_episodes, in_sync, stop_agreed=True)
             return
         stats: dict[str, float] = {}
-        if all(rank.trainable for rank in ranks) and not self.cfg.run.benchmark:
+        if all(rank.trainable for rank in ranks) and not self.cfg.debug.benchmark:
             with self.busy():
                 on_device = batch.to(self.device) if self.device.type != "cpu" else batch
                 stats = self.trainer.train(on_device, self.version, self.env_steps)

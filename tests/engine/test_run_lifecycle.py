@@ -478,7 +478,7 @@ import time
 
 import gymnasium as gym
 
-import sfengine.runner
+import sfengine.supervision
 from sfengine import register_env
 from sfengine.train import main
 from sfengine_envs.multitask_toy import make_multitask_toy
@@ -487,7 +487,7 @@ from sfengine_envs.multitask_toy import make_multitask_toy
 HUNG_ONCE = __file__ + ".hung"
 HANG_STEP = int(os.environ.get("HANG_STEP", 3000))
 # A test of the stop's own time limit shortens it, as it cannot wait the minute a run gives its components.
-sfengine.runner.STOP_TIMEOUT_SEC = float(os.environ.get("STOP_TIMEOUT_SEC", sfengine.runner.STOP_TIMEOUT_SEC))
+sfengine.supervision.STOP_TIMEOUT_SEC = float(os.environ.get("STOP_TIMEOUT_SEC", sfengine.supervision.STOP_TIMEOUT_SEC))
 
 
 def stuck_in_the_simulator():

@@ -9,8 +9,9 @@ from sfengine.config import Config
 from sfengine.env_registry import make_gymnasium_env
 from sfengine.event_loop import EngineEventLoop
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.runner import Runner, build_components, connect_components
+from sfengine.runner import Runner
 from sfengine.spaces import ActionSpec, ObsSpec
+from sfengine.wiring import build_components, connect_components
 
 
 def build(num_workers=3, num_inference_workers=2, serial=False):

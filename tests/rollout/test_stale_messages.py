@@ -13,8 +13,9 @@ from sfengine.env_registry import make_gymnasium_env
 from sfengine.event_loop import EngineEventLoop
 from sfengine.messages import BuffersReleased, InferenceRequest, PolicyOutputs
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.runner import Runner, build_components, connect_components
+from sfengine.runner import Runner
 from sfengine.spaces import ActionSpec, ObsSpec
+from sfengine.wiring import build_components, connect_components
 
 
 def started_worker(lent_before_start: tuple[int, ...] = ()):

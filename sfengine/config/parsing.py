@@ -1,0 +1,140 @@
+"""The command line: a parser grouped by owner (the engine's groups, then each env's and algorithm's), a
+command's own options (``sfengine.pretrain``'s, say), and ``parse_config``, which layers defaults, the env's
+preset or the saved run, ``--init_from``'s architecture, ``--cfg`` and the command line, then validates."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sfengine.config.core import (
+    DECLARED_GROUPS,
+    GROUPS,
+    Config,
+    apply_overrides,
+    group_owner,
+    option_table,
+)
+from sfengine.config.files import (
+    env_defaults_preset,
+    init_from_model_options,
+    load_preset,
+    load_saved_config,
+    preset_help,
+)
+from sfengine.config.options import ConfigError, OptionInfo, _coerce, _options_of, _type_name
+from sfengine.config.validation import validate
+
+TRAIN_DESCRIPTION = (
+    "Train an RL agent with sfengine. Options are grouped below; every one can also be set in a YAML preset given "
+    "with --cfg."
+)
+
+
+def build_parser(
+    prog: str = "python -m sfengine.train", description: str = TRAIN_DESCRIPTION
+) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--cfg", default=None, help=preset_help())
+    table = option_table()
+    for group_name in [*GROUPS, *DECLARED_GROUPS]:
+        description = None
+        if group_name in DECLARED_GROUPS:
+            kind, owners = group_owner(group_name)
+            description = f"options of --{kind}={', '.join(owners)}"
+        options = {name: info for name, info in table.items() if info.group == group_name}
+        add_option_group(parser, group_name, options, description)
+    return parser
+
+
+def add_option_group(
+    parser: argparse.ArgumentParser, title: str, options: dict[str, OptionInfo], description: str | None = None
+) -> None:
+    """Add ``options`` to ``parser`` as one titled group of ``--help``."""
+    group = parser.add_argument_group(title, description)
+    for name, info in options.items():
+        metadata, type_name = info.field.metadata, _type_name(info.annotation)
+        # SUPPRESS keeps unset options out of the namespace, so a preset is not overridden by defaults.
+        group.add_argument(
+            f"--{name}",
+            default=argparse.SUPPRESS,
+            metavar={"list": "INT,INT,..."}.get(type_name, type_name.upper()),
+            help=f"{metadata['help']} (default: {info.default})"
+            + (f"; one of {', '.join(metadata['choices'])}" if metadata["choices"] else "")
+            + ("; auto: chosen from the cores and memory at start" if metadata["auto"] else ""),
+        )
+
+
+def command_options(options_cls: type, argv: list[str]) -> tuple[Any, list[str]]:
+    """The options of a command's own dataclass (``group`` names its ``--help`` group; sfengine.pretrain's, say),
+    taken out of ``argv``: the filled-in dataclass, validated by its ``validate()`` if it has one, and the rest of
+    ``argv``, for ``parse_config``. Add the group to the command's parser with ``add_command_options`` for --help."""
+    options = _options_of({options_cls.group: options_cls})
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_option_group(parser, options_cls.group, options)
+    try:
+        namespace, rest = parser.parse_known_args(argv)
+    except SystemExit:
+        raise ConfigError("invalid command line; see the message above and --help") from None
+    given = {name: _coerce(name, value, options[name]) for name, value in vars(namespace).items()}
+    instance = options_cls(**given)
+    if hasattr(instance, "validate"):
+        instance.validate()
+    return instance, rest
+
+
+def add_command_options(parser: argparse.ArgumentParser, options_cls: type) -> None:
+    """Show a command's own options (see ``command_options``) as a group of its ``--help``."""
+    add_option_group(parser, options_cls.group, _options_of({options_cls.group: options_cls}))
+
+
+def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> Config:
+    """Parse the command line into a validated Config. Raises ConfigError on bad input."""
+    parser = parser or build_parser()
+    try:
+        namespace = parser.parse_args(argv)
+    except SystemExit as exc:
+        if exc.code == 0:  # --help
+            raise
+        raise ConfigError("invalid command line; see the message above and --help") from None
+    cli = {k: v for k, v in vars(namespace).items() if k != "cfg"}
+    # Layers from the lowest to the highest precedence; the defaults are below them all.
+    layers = [
+        (load_preset(namespace.cfg) if namespace.cfg else {}, f"--cfg={namespace.cfg}"),
+        (cli, "the command line"),
+    ]
+    cfg = _layered(layers)
+    saved = cfg.experiment_dir / "config.json"
+    if cfg.run.restart_behavior == "resume" and saved.is_file():
+        # A resumed run keeps its saved settings; the preset and the command line still win.
+        layers.insert(0, (load_saved_config(saved), str(saved)))
+        given = layers[1:]  # (files written before envs declared their options hold every env's: not an error)
+    else:
+        env_defaults = env_defaults_preset(cfg.env.env)
+        if env_defaults is not None:
+            layers.insert(0, (load_preset(str(env_defaults)), str(env_defaults)))
+        if inherited := init_from_model_options(cfg.run.init_from, cfg.run.train_dir):
+            # Above the env's defaults, below --cfg and the command line: the network the weights were trained in.
+            layers.insert(1 if env_defaults is not None else 0, inherited)
+        given = layers
+    cfg = _layered(layers)
+    table, own_groups = option_table(), cfg.own_groups()
+    for overrides, source in given:
+        for name in overrides:
+            group = table[name].group
+            if group not in GROUPS and group not in own_groups:
+                kind, owners = group_owner(group)
+                current = cfg.env.env if kind == "env" else cfg.learner.algo
+                raise ConfigError(
+                    f"--{name} (in {source}) is an option of --{kind}={', '.join(owners)}, not of --{kind}={current}; "
+                    f"drop it or change --{kind}"
+                )
+    validate(cfg)
+    return cfg
+
+
+def _layered(layers: list[tuple[dict[str, Any], str]]) -> Config:
+    cfg = Config()
+    for overrides, source in layers:
+        apply_overrides(cfg, overrides, source)
+    return cfg
