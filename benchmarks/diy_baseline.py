@@ -28,12 +28,13 @@ from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, parse_config
 from sfengine.env_registry import env_context, resolve_env_factory
 from sfengine.models.actor_critic import ActorCritic
+from sfengine.seeding import rollout_env_seed
 from sfengine.spaces import action_spec_from_space, obs_as_dict, obs_spec_from_space
 
 
 def make_env(cfg: Config, index: int) -> gym.Env:
     factory = resolve_env_factory(cfg.env.env)
-    return factory(env_context(cfg, 0, index, cfg.env.seed * 1_000_003 + index))
+    return factory(env_context(cfg, 0, index, rollout_env_seed(cfg.env.seed, 0, 0, index)))
 
 
 def train_loop(cfg: Config, warmup: float, seconds: float) -> dict:

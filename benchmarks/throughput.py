@@ -77,6 +77,7 @@ from sfengine.config import Config, ConfigError, auto_options, parse_config
 from sfengine.env_registry import env_context, env_sizer, resolve_env_factory
 from sfengine.multitask import task_info
 from sfengine.scheduler import TaskSchedule, shard_pairs
+from sfengine.seeding import rollout_env_seed
 from sfengine.sizing import resolve_auto_options
 from sfengine.train import probe_env
 
@@ -177,7 +178,7 @@ def step_envs_in_loop(cfg: Config, worker: int, warmup: float, seconds: float, b
     """One limit process: build and reset its envs as a rollout worker does, then step them round-robin."""
     factory = resolve_env_factory(cfg.env.env)
     per_worker = cfg.sampler.num_envs_per_worker
-    seeds = [cfg.env.seed * 1_000_003 + worker * per_worker + i for i in range(per_worker)]
+    seeds = [rollout_env_seed(cfg.env.seed, worker, per_worker, i) for i in range(per_worker)]
     envs = [factory(env_context(cfg, worker, i, seed)) for i, seed in enumerate(seeds)]
     info = task_info(envs[0])
     # Each env walks the task cycle from its own start, so that every env plays every task in turn and keeps a

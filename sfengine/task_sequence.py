@@ -34,6 +34,7 @@ from torch import Tensor
 
 from sfengine.process_lock import ProcessLock
 from sfengine.scheduler import Assignment, TaskSchedule, curriculum_weights
+from sfengine.seeding import SEED_STRIDE, curriculum_draw_seed
 
 NO_OUTCOME = -1  # an empty slot of the recent-outcomes window
 # Single-task envs with group advantages: the sequence deals seeds as "init states"; a group's G episodes reset
@@ -47,7 +48,7 @@ Episode = tuple[int, int, int]  # (task, init state, position in the sequence)
 
 def single_task_group_seed(base_seed: int, init_state: int) -> int:
     """The reset seed of a single-task group's episodes; ``init_state`` counts groups on all ranks."""
-    return GROUP_SEED_OFFSET + base_seed * 1_000_003 * GROUP_SEEDS_PER_RANK + init_state
+    return GROUP_SEED_OFFSET + base_seed * SEED_STRIDE * GROUP_SEEDS_PER_RANK + init_state
 
 
 @dataclass
@@ -140,7 +141,7 @@ class SharedTaskSequence:
             return Assignment(int(self.last[0]), int(self.last[1]))
         recent_failures = (self.outcomes == 1).sum(dim=1).tolist()
         # Seeded by the position: the same state draws the same task, in any process.
-        index = random.Random(self.seed * 1_000_003 + position).choices(
+        index = random.Random(curriculum_draw_seed(self.seed, position)).choices(
             range(len(recent_failures)), weights=curriculum_weights(recent_failures)
         )[0]
         task = self.schedule.tasks[index]

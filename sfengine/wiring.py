@@ -37,6 +37,7 @@ from sfengine.progress import end_summary
 from sfengine.respawn import Respawner
 from sfengine.runner import Runner
 from sfengine.scheduler import TaskSchedule, shard_pairs
+from sfengine.seeding import task_sequence_seed
 from sfengine.spaces import ActionSpec, ObsSpec
 from sfengine.task_sequence import GROUP_SEEDS_PER_RANK, SharedTaskSequence
 
@@ -216,7 +217,7 @@ def build_task_sequence(cfg: Config, tasks: TaskInfo | None, resume_state: dict 
         schedule,
         curriculum=cfg.env.task_sampling == "curriculum",
         window=cfg.env.curriculum_window,
-        seed=cfg.env.seed * 7919 + ranks.rank,
+        seed=task_sequence_seed(cfg.env.seed, ranks.rank),
         envs=cfg.sampler.num_workers * cfg.sampler.num_envs_per_worker,
     )
     saved = resumed_task_sequence(resume_state, ranks)

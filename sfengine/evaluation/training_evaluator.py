@@ -33,6 +33,7 @@ from sfengine.lifecycle import STOP_TIMEOUT_SEC, terminate_processes
 from sfengine.messages import EpisodeStats, EvalResult, EvaluatorReport
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo
+from sfengine.seeding import evaluator_env_seed
 from sfengine.spaces import ActionSpec, ObsSpec, obs_as_dict
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class TrainingEvaluator(Component):
         self.model = ActorCritic.for_config(cfg, self.obs_spec, self.action_spec).eval()
         num_envs = cfg.envs_per_split
         # Seeds apart from every rollout worker's (single-task episodes reset with their own seed anyway).
-        self.contexts = [env_context(cfg, -1, i, cfg.env.seed * 1_000_003 - 1 - i) for i in range(num_envs)]
+        self.contexts = [env_context(cfg, -1, i, evaluator_env_seed(cfg.env.seed, i)) for i in range(num_envs)]
         self.envs = [self.env_factory(ctx) for ctx in self.contexts]
         self.playing: list[EvalEpisode | None] = [None] * num_envs
         self.obs: list[dict | None] = [None] * num_envs

@@ -17,6 +17,7 @@ from sfengine.cpu_threads import set_cpu_threads
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.inference.policy_actor import PolicyActor
 from sfengine.messages import InferenceRequest, PolicyOutputs
+from sfengine.seeding import inference_seed
 from sfengine.spaces import ActionSpec, ObsSpec
 
 
@@ -51,7 +52,7 @@ class InferenceWorker(Component):
     ):
         super().__init__(event_loop, f"inference_worker_{index}")
         self.index, self.cfg = index, cfg
-        seed = cfg.env.seed * 1_000_003 + index
+        seed = inference_seed(cfg.env.seed, index)
         self.actor = PolicyActor(cfg, buffers, weights, obs_spec, action_spec, seed, deterministic)
         self.pending: list[InferenceRequest] = []
         self.stopped = False

@@ -25,6 +25,7 @@ from sfengine.distributed import rank_device
 from sfengine.inference.numpy_policy import NumpyPolicy, choose_inference_backend
 from sfengine.messages import InferenceReport
 from sfengine.models.actor_critic import ActorCritic
+from sfengine.seeding import acting_worker_seed
 from sfengine.spaces import ActionSpec, ObsSpec
 
 
@@ -40,7 +41,7 @@ def own_policy(
     """The policy rollout worker ``worker`` acts with itself under --num_inference_workers=0; None otherwise."""
     if cfg.sampler.num_inference_workers:
         return None
-    seed = cfg.env.seed * 1_000_003 + 1000 + worker  # apart from the inference workers' seeds (+ index)
+    seed = acting_worker_seed(cfg.env.seed, worker)
     return PolicyActor(cfg, buffers, weights, obs_spec, action_spec, seed, deterministic)
 
 

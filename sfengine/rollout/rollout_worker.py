@@ -45,6 +45,7 @@ from sfengine.messages import (
     WorkerReport,
 )
 from sfengine.scheduler import Assignment
+from sfengine.seeding import rollout_env_seed
 from sfengine.spaces import ActionSpec, obs_as_dict
 from sfengine.task_sequence import SharedTaskSequence, single_task_group_seed
 
@@ -164,7 +165,7 @@ class RolloutWorker(Component):
                 env_index = split * envs_per_split + i
                 # Distinct across all envs of the run, and reproducible from --seed.
                 global_worker = RankInfo.from_environment().rank * cfg.sampler.num_workers + self.worker
-                seed = cfg.env.seed * 1_000_003 + global_worker * cfg.sampler.num_envs_per_worker + env_index
+                seed = rollout_env_seed(cfg.env.seed, global_worker, cfg.sampler.num_envs_per_worker, env_index)
                 render_size = self.evaluation.video_size if self.evaluation and self.evaluation.video_dir else 0
                 contexts.append(env_context(cfg, self.worker, env_index, seed, render_size))
             envs = [self.env_factory(ctx) for ctx in contexts]
