@@ -75,7 +75,7 @@ from benchmarks.compare_sample_factory import run_sample_factory
 from benchmarks.process_tree import run_and_measure
 from sfengine.config import Config, ConfigError, auto_options, parse_config
 from sfengine.env_registry import env_context, env_sizer, resolve_env_factory
-from sfengine.multitask import task_info
+from sfengine.multitask import selected_init_states, task_info
 from sfengine.scheduler import TaskSchedule, shard_pairs
 from sfengine.seeding import rollout_env_seed
 from sfengine.sizing import resolve_auto_options
@@ -184,7 +184,10 @@ def step_envs_in_loop(cfg: Config, worker: int, warmup: float, seconds: float, b
     # Each env walks the task cycle from its own start, so that every env plays every task in turn and keeps a
     # simulator for each, as the engine's envs come to do. (One schedule shared by envs that reset in lockstep, as
     # random-action episodes do, would give each env a fixed subset of the tasks.)
-    schedules = [] if info is None else [TaskSchedule(shard_pairs(info.init_states_per_task, 0, 1)) for _ in envs]
+    # --tasks: the chosen tasks only, as the engine's task sequence deals them (with all of them, the envs of a run
+    # sized for one task would rebuild a simulator at every switch, and the limit would be too low).
+    pairs = [] if info is None else shard_pairs(selected_init_states(info, cfg.env.tasks, "--tasks"), 0, 1)
+    schedules = [TaskSchedule(pairs) for _ in envs] if pairs else []
     for i, schedule in enumerate(schedules):
         schedule.position = worker * per_worker + i
 
