@@ -27,14 +27,15 @@ from sfengine.buffers import SharedWeights
 from sfengine.config import Config
 from sfengine.cpu_threads import set_cpu_threads
 from sfengine.env_registry import EnvFactory, env_context
-from sfengine.evaluation.episode_queue import SINGLE_TASK, EvalEpisode, training_evaluation_episodes
+from sfengine.evaluation.episode_queue import training_evaluation_episodes
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.lifecycle import STOP_TIMEOUT_SEC, terminate_processes
-from sfengine.messages import EpisodeStats, EvalResult, EvaluatorReport
+from sfengine.messages import EvalResult, EvaluatorReport
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo
+from sfengine.rollout.env_group import EnvGroup, ListSource
 from sfengine.seeding import evaluator_env_seed
-from sfengine.spaces import ActionSpec, ObsSpec, obs_as_dict
+from sfengine.spaces import ActionSpec, ObsSpec
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,6 @@ class TrainingEvaluator(Component):
         self.cfg, self.weights, self.env_factory = cfg, weights, env_factory
         self.obs_spec, self.action_spec, self.tasks = obs_spec, action_spec, tasks
         self.evaluations = 0
-        self.pending: list[EvalEpisode] = []
         self.stopped = False
         self.final = False  # the evaluation under way is the end-of-run one
 
@@ -70,14 +70,10 @@ class TrainingEvaluator(Component):
         set_cpu_threads(1)
         cfg = self.cfg
         self.model = ActorCritic.for_config(cfg, self.obs_spec, self.action_spec).eval()
-        num_envs = cfg.envs_per_split
         # Seeds apart from every rollout worker's (single-task episodes reset with their own seed anyway).
-        self.contexts = [env_context(cfg, -1, i, evaluator_env_seed(cfg.env.seed, i)) for i in range(num_envs)]
-        self.envs = [self.env_factory(ctx) for ctx in self.contexts]
-        self.playing: list[EvalEpisode | None] = [None] * num_envs
-        self.obs: list[dict | None] = [None] * num_envs
-        self.returns = np.zeros(num_envs)
-        self.lengths = np.zeros(num_envs, dtype=np.int64)
+        contexts = [env_context(cfg, -1, i, evaluator_env_seed(cfg.env.seed, i)) for i in range(cfg.envs_per_split)]
+        self.source = ListSource()
+        self.group = EnvGroup(self.env_factory, contexts, self.source, self.action_spec.chunk, name="evaluator")
         if not self.action_spec.discrete:
             self.low = np.asarray(self.action_spec.low, dtype=np.float32)
             self.high = np.asarray(self.action_spec.high, dtype=np.float32)
@@ -87,9 +83,12 @@ class TrainingEvaluator(Component):
         self.report_timer = Timer(self.event_loop, 1.0)
         self.report_timer.timeout.connect(self._send_report)
 
+    def _playing(self) -> bool:
+        return bool(self.source.pending) or bool(self.group.active.any())
+
     def on_evaluate(self, env_steps: int) -> None:
         """Start an evaluation of the weights published now, unless one is running."""
-        if self.pending or any(self.playing) or self.stopped:
+        if self._playing() or self.stopped:
             return
         self.final = False
         self._begin(env_steps)
@@ -100,97 +99,55 @@ class TrainingEvaluator(Component):
         if self.stopped:
             return
         self.final = True
-        if (self.pending or any(self.playing)) and self.version == int(self.weights.version[0]):
+        if self._playing() and self.version == int(self.weights.version[0]):
             return  # the evaluation under way is of the final weights already
-        self.pending, self.playing = [], [None] * len(self.envs)
         self._begin(env_steps)
 
     def _begin(self, env_steps: int) -> None:
         started = time.perf_counter()
         self.version = self.weights.pull(self.model)
         self.env_steps = env_steps
-        self.pending = training_evaluation_episodes(
+        self.source.pending = training_evaluation_episodes(
             self.tasks, self.evaluations, self.cfg.eval.eval_episodes_per_task, self.cfg.eval.eval_episodes
         )
         self.evaluations += 1
-        self.finished: list[EpisodeStats] = []
+        self.group.take_finished()  # an evaluation of older weights, dropped
+        self.group.returns[:], self.group.lengths[:] = 0.0, 0
         self.eval_started = time.time()
-        for i in range(len(self.envs)):
-            self._next_episode(i)
+        for i in range(len(self.group)):
+            self.group.reset(i)
         self.busy_sec += time.perf_counter() - started
-
-    def _next_episode(self, i: int) -> None:
-        if not self.pending:
-            self.playing[i] = None
-            return
-        episode = self.pending.pop(0)
-        self.playing[i] = episode
-        options = None if episode.task == SINGLE_TASK else {"task": episode.task, "init_state": episode.init_state}
-        try:
-            obs, _ = self.envs[i].reset(seed=episode.init_state if options is None else None, options=options)
-        except Exception:  # noqa: BLE001  (a simulator failure costs the evaluation one episode, never the run)
-            self._replace_failed_env(i, "reset")
-            self._next_episode(i)
-            return
-        self.obs[i] = obs_as_dict(obs)
-        self.returns[i], self.lengths[i] = 0.0, 0
 
     def _play(self) -> None:
         """Step the evaluation for up to SLICE_SEC, then give the loop back."""
-        if self.stopped or not any(self.playing):
+        if self.stopped or not self.group.active.any():
             return
         started = time.perf_counter()
-        while any(self.playing) and time.perf_counter() - started < SLICE_SEC:
+        while self.group.active.any() and time.perf_counter() - started < SLICE_SEC:
             self._step()
         self.busy_sec += time.perf_counter() - started
-        if not any(self.playing):
+        if not self.group.active.any():
             self._finish()
 
     def _step(self) -> None:
-        active = [i for i, episode in enumerate(self.playing) if episode is not None]
+        """One batched forward over the envs that play, and their actions (a chunk: one after the other)."""
+        group = self.group
+        active = np.flatnonzero(group.active)
+        obs = [group.obs[i] for i in active]
         with torch.inference_mode():
-            batch = {key: torch.as_tensor(np.stack([self.obs[i][key] for i in active])) for key in self.obs[active[0]]}
-            actions = self.model.act(batch, self.cfg.eval.eval_deterministic).actions.numpy()
+            batch = {key: torch.as_tensor(np.stack([o[key] for o in obs])) for key in obs[0]}
+            chosen = self.model.act(batch, self.cfg.eval.eval_deterministic).actions.numpy()
         if not self.action_spec.discrete:
-            actions = np.clip(actions, self.low, self.high)
-        chunk = self.action_spec.chunk
-        for action, i in zip(actions, active):
-            # A chunk's env actions one after the other; an episode that ends inside it drops the rest.
-            for env_action in action.reshape(chunk, -1) if chunk > 1 else (action,):
-                if not self._step_env(i, env_action):
-                    break
-
-    def _step_env(self, i: int, action: np.ndarray) -> bool:
-        """One env step of env i; False when its episode ended (the next one has begun)."""
-        try:
-            obs, reward, terminated, truncated, info = self.envs[i].step(action)
-        except Exception:  # noqa: BLE001  (as in reset: the episode is dropped, the env rebuilt)
-            self._replace_failed_env(i, "step")
-            self._next_episode(i)
-            return False
-        self.returns[i] += reward
-        self.lengths[i] += 1
-        self.obs[i] = obs_as_dict(obs)
-        if terminated or truncated:
-            episode = self.playing[i]
-            success = float(info.get("success", info.get("is_success", np.nan)))
-            self.finished.append(
-                EpisodeStats(float(self.returns[i]), int(self.lengths[i]), success, episode.task, episode.init_state)
-            )
-            self._next_episode(i)
-            return False
-        return True
-
-    def _replace_failed_env(self, i: int, call: str) -> None:
-        log.exception("evaluator env %d: %s failed; rebuilding it and dropping its episode", i, call)
-        try:
-            self.envs[i].close()
-        except Exception:  # noqa: BLE001  (already broken; closing is best effort)
-            pass
-        self.envs[i] = self.env_factory(self.contexts[i])
+            chosen = np.clip(chosen, self.low, self.high)
+        if group.chunk > 1:
+            chosen = chosen.reshape(len(active), group.chunk, -1)
+        actions = np.zeros((len(group), *chosen.shape[1:]), dtype=chosen.dtype)
+        actions[active] = chosen
+        group.step(actions)
 
     def _finish(self) -> None:
-        result = EvalResult(self.env_steps, self.version, self.finished, time.time() - self.eval_started, self.final)
+        finished = self.group.take_finished()
+        result = EvalResult(self.env_steps, self.version, finished, time.time() - self.eval_started, self.final)
         self.evaluation_done.emit(result)
 
     def _send_report(self) -> None:
@@ -202,8 +159,8 @@ class TrainingEvaluator(Component):
         if self.stopped:
             return
         self.stopped = True
-        for env in getattr(self, "envs", []):
-            env.close()
+        if hasattr(self, "group"):
+            self.group.close()
         stop_own_loop(self)
 
 

@@ -17,7 +17,6 @@ buffers go to the batcher and fresh ones are taken from this worker's free list.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
@@ -27,13 +26,13 @@ import numpy as np
 from signal_slot.signal_slot import Timer, signal
 
 from sfengine.algorithms import algorithm_for
-from sfengine.buffers import CARRIED_FIELDS, NO_ENV, SharedBuffers
+from sfengine.buffers import CARRIED_FIELDS, SharedBuffers
 from sfengine.config import Config
 from sfengine.cpu_threads import set_cpu_threads
 from sfengine.distributed import RankInfo
-from sfengine.env_registry import EnvContext, EnvFactory, env_context
-from sfengine.evaluation.episode_queue import SINGLE_TASK, SharedEpisodeQueue
-from sfengine.evaluation.video import EpisodeVideo, EvalOutput
+from sfengine.env_registry import EnvFactory, env_context
+from sfengine.evaluation.episode_queue import SharedEpisodeQueue
+from sfengine.evaluation.video import EvalOutput
 from sfengine.event_loop import Component, stop_own_loop
 from sfengine.inference.policy_actor import PolicyActor
 from sfengine.messages import (
@@ -44,10 +43,10 @@ from sfengine.messages import (
     TrajectoriesReady,
     WorkerReport,
 )
-from sfengine.scheduler import Assignment
+from sfengine.rollout.env_group import EnvGroup, EpisodeSource, QueueSource, SeedSource, SequenceSource
 from sfengine.seeding import rollout_env_seed
-from sfengine.spaces import ActionSpec, obs_as_dict
-from sfengine.task_sequence import SharedTaskSequence, single_task_group_seed
+from sfengine.spaces import ActionSpec
+from sfengine.task_sequence import SharedTaskSequence
 
 log = logging.getLogger(__name__)
 
@@ -55,23 +54,15 @@ NO_REQUEST = -1
 
 
 class SplitRunner:
-    """One group of envs of a worker and the state of its current rollout."""
+    """One group of envs of a worker (an ``EnvGroup``) and the state of its current rollout."""
 
-    def __init__(self, envs: list, contexts: list[EnvContext], row: int):
-        self.envs = envs
-        self.contexts = contexts
+    def __init__(self, group: EnvGroup, row: int):
+        self.group = group
         self.row = row  # row in SplitState: worker * num_splits + split
-        self.buffer_ids = np.zeros(len(envs), dtype=np.int64)
+        self.buffer_ids = np.zeros(len(group), dtype=np.int64)
         self.t = 0
-        self.episode_returns = np.zeros(len(envs), dtype=np.float64)
-        self.episode_lengths = np.zeros(len(envs), dtype=np.int64)
         self.truncated_envs: list[int] = []  # envs whose final obs awaits V(final_obs)
-        self.truncation_scales = np.ones(len(envs))  # and the factor that value takes (chunks cut short: gamma^-k)
-        self.tasks = np.full(len(envs), -1, dtype=np.int64)  # the task each env is playing (multi-task envs)
-        self.init_states = np.full(len(envs), -1, dtype=np.int64)  # and its init state (evaluation: or seed)
-        self.positions = np.full(len(envs), -1, dtype=np.int64)  # group advantages: each episode's sequence position
-        self.active = np.ones(len(envs), dtype=bool)  # evaluation: False once an env found the set exhausted
-        self.videos: dict[int, EpisodeVideo] = {}  # evaluation: env index -> the episode it records
+        self.truncation_scales = np.ones(len(group))  # and the factor that value takes (chunks cut short: gamma^-k)
         self.held: dict[str, np.ndarray] | None = None  # last step of a rollout while the split waits
         self.request = NO_REQUEST  # the number of the request awaiting outputs
         self.may_resume = True  # False while it waits for a new policy (synchronous mode)
@@ -159,22 +150,29 @@ class RolloutWorker(Component):
         self.chunk, self.gamma = self.action_spec.chunk, cfg.learner.gamma
 
         envs_per_split = cfg.envs_per_split
+        global_worker = RankInfo.from_environment().rank * cfg.sampler.num_workers + self.worker
+        render_size = self.evaluation.video_size if self.evaluation and self.evaluation.video_dir else 0
         for split in range(cfg.sampler.worker_num_splits):
+            row = self.worker * cfg.sampler.worker_num_splits + split
             contexts = []
             for i in range(envs_per_split):
                 env_index = split * envs_per_split + i
                 # Distinct across all envs of the run, and reproducible from --seed.
-                global_worker = RankInfo.from_environment().rank * cfg.sampler.num_workers + self.worker
                 seed = rollout_env_seed(cfg.env.seed, global_worker, cfg.sampler.num_envs_per_worker, env_index)
-                render_size = self.evaluation.video_size if self.evaluation and self.evaluation.video_dir else 0
                 contexts.append(env_context(cfg, self.worker, env_index, seed, render_size))
-            envs = [self.env_factory(ctx) for ctx in contexts]
-            self.splits.append(SplitRunner(envs, contexts, self.worker * cfg.sampler.worker_num_splits + split))
+            group = EnvGroup(
+                self.env_factory,
+                contexts,
+                self._episode_source(row),
+                self.chunk,
+                self.gamma,
+                self.evaluation,
+                self.stepping_env_np[row : row + 1],
+                f"rollout worker {self.worker}",
+            )
+            self.splits.append(SplitRunner(group, row))
 
-        self.finished_episodes: list[EpisodeStats] = []
-        self.env_failures = 0
-        self.env_step_sec = self.busy_sec = self.reset_sec = 0.0
-        self.steps_taken = self.resets = 0
+        self.start_sec = self.busy_sec = 0.0  # start_sec: the first resets' time, counted as env time
         self.window_start = time.perf_counter()
         self.report_timer = Timer(self.event_loop, 1.0)
         self.report_timer.timeout.connect(self._send_report)
@@ -182,20 +180,31 @@ class RolloutWorker(Component):
         for split in self.splits:
             started = time.perf_counter()
             self._take_buffers(split)
-            for i, ctx in enumerate(split.contexts):
-                obs = self._reset_env(split, i, seed=ctx.seed)
+            for i in range(len(split.group)):
+                obs = split.group.reset(i)
                 if obs is not None:
                     self._write_obs(obs, split.buffer_ids[i], 0)
-            self.traj["episode_positions"][split.buffer_ids, 0] = split.positions
-            self.env_step_sec += time.perf_counter() - started
-            if split.active.any():
+            self.traj["episode_positions"][split.buffer_ids, 0] = split.group.positions
+            self.start_sec += time.perf_counter() - started
+            if split.group.active.any():
                 self._request(split)
         # The first report: start-up is over, the runner's hang watch begins. An evaluation with fewer episodes
         # than envs may leave this worker nothing to do at all.
-        self._send_report(finished=self.evaluation is not None and not any(s.active.any() for s in self.splits))
+        self._send_report(finished=self.evaluation is not None and not self._any_active())
+
+    def _episode_source(self, row: int) -> EpisodeSource:
+        if self.task_sequence is None:
+            return SeedSource()
+        if self.evaluation is not None:
+            return QueueSource(self.task_sequence)
+        arrays = {"assignments": self.assignments_np, "positions": self.positions_np, "drawing": self.drawing_np}
+        return SequenceSource(self.task_sequence, row, arrays, self.cfg.env.seed)
+
+    def _any_active(self) -> bool:
+        return any(split.group.active.any() for split in self.splits)
 
     def _take_buffers(self, split: SplitRunner) -> None:
-        for i in range(len(split.envs)):
+        for i in range(len(split.group)):
             split.buffer_ids[i] = self.free_ids.popleft()
         split.t = 0
         self.split_ids_np[split.row] = split.buffer_ids
@@ -272,56 +281,33 @@ class RolloutWorker(Component):
             actions = np.clip(actions, self.action_low, self.action_high)
             if self.chunk > 1:
                 actions = actions.reshape(len(ids), self.chunk, -1)  # [env, the chunk's env actions in order]
-        rewards = np.zeros(len(ids), dtype=np.float32)
-        terminated = np.zeros(len(ids), dtype=bool)
-        truncated = np.zeros(len(ids), dtype=bool)
-        steps = np.zeros(len(ids), dtype=np.int64)
-        env_started = time.perf_counter()
-        for i, env in enumerate(split.envs):
-            if not split.active[i]:
-                continue  # evaluation: this env has no episode left to run
-            self.stepping_env_np[split.row] = i
-            discount = 1.0
-            for j in range(self.chunk):
-                steps[i] = j + 1
-                try:
-                    obs, reward, term, trunc, info = env.step(actions[i, j] if self.chunk > 1 else actions[i])
-                except Exception:  # noqa: BLE001  (a simulator failure costs one episode, never the run)
-                    obs = self._replace_failed_env(split, i, ids[i], t)
-                    rewards[i], truncated[i] = 0.0, True
-                    self.traj["outcomes"][ids[i], t] = math.nan  # a dropped episode: its group is dropped too
-                    break
-                # A chunk's reward is what its steps earn, discounted to its first step.
-                rewards[i] += discount * reward
-                discount *= self.gamma
-                if i in split.videos:
-                    split.videos[i].add(env.render())
-                if term or trunc:
-                    terminated[i], truncated[i] = term, trunc and not term
-                    self.traj["outcomes"][ids[i], t] = self._outcome(self._end_episode(split, i, float(reward), info))
-                    if truncated[i]:
-                        # The learner discounts a chunk's successor by gamma^K; one cut after j+1 steps is gamma^(j+1)
-                        # away from the final observation, so its value is scaled by gamma^(j+1-K) to match.
-                        split.truncation_scales[i] = self.gamma ** (j + 1 - self.chunk)
-                        self._keep_final_obs(split, i, obs_as_dict(obs))
-                    obs = self._reset_env(split, i)
-                    break
-                split.episode_returns[i] += reward
-                split.episode_lengths[i] += 1
-            if obs is not None:  # None: an evaluation's episode set is exhausted, and this env stops
-                self._write_obs(obs_as_dict(obs), ids[i], t + 1)
-        self.stepping_env_np[split.row] = NO_ENV
-        self.env_step_sec += time.perf_counter() - env_started
-        self.steps_taken += int(steps.sum())
-        self.traj["rewards"][ids, t] = rewards
-        self.traj["terminated"][ids, t] = terminated
-        self.traj["truncated"][ids, t] = truncated
-        self.traj["chunk_steps"][ids, t] = steps
-        self.traj["episode_positions"][ids, t + 1] = split.positions
+        group = split.group
+        group.step(actions)
+        outcomes = self.traj["outcomes"]
+        for i, episode in group.ended:
+            if episode is None:
+                # A failed step: the episode is dropped (its group too), and for learning cut here like a time
+                # limit: the last good observation (entry t) bootstraps the value.
+                outcomes[ids[i], t] = math.nan
+                split.truncation_scales[i] = 1.0
+                self._keep_final_obs(split, i, {key: self.obs_np[key][ids[i], t] for key in self.obs_np})
+            else:
+                outcomes[ids[i], t] = self._outcome(episode)
+        for i, final_obs, scale in group.cut:
+            split.truncation_scales[i] = scale
+            self._keep_final_obs(split, i, final_obs)
+        for i, obs in enumerate(group.obs):
+            if obs is not None:  # None: an evaluation's episode set is exhausted, and this env stopped
+                self._write_obs(obs, ids[i], t + 1)
+        self.traj["rewards"][ids, t] = group.rewards
+        self.traj["terminated"][ids, t] = group.terminated
+        self.traj["truncated"][ids, t] = group.truncated
+        self.traj["chunk_steps"][ids, t] = group.chunk_steps
+        self.traj["episode_positions"][ids, t + 1] = group.positions
         split.t = t + 1
-        if split.active.any():
+        if group.active.any():
             self._request(split)
-        elif self.evaluation is not None and not any(s.active.any() for s in self.splits):
+        elif self.evaluation is not None and not self._any_active():
             self._send_report(finished=True)
 
     def _keep_final_obs(self, split: SplitRunner, i: int, obs: dict) -> None:
@@ -329,76 +315,6 @@ class RolloutWorker(Component):
         for key, value in obs.items():
             self.final_obs_np[key][split.row, i] = value
         split.truncated_envs.append(i)
-
-    def _record_draw(self, row: int, env: int, assignment: Assignment, position: int) -> None:
-        """Where a respawn finds the draw if this process dies before the env takes it: the position last, so the
-        record is whole once its position is there."""
-        self.drawing_np[row, env, :2] = assignment
-        self.drawing_np[row, env, 2] = position
-
-    def _reset_env(self, split: SplitRunner, i: int, seed: int | None = None) -> dict | None:
-        """Start the env's next episode; None when an evaluation's episode set is exhausted (the env stops)."""
-        started = time.perf_counter()
-        options = None
-        episode = None
-        if self.task_sequence is not None:
-            if self.evaluation is not None:
-                # An evaluation keeps each env on its task while the task has episodes left (one simulator a task).
-                episode = self.task_sequence.next(int(split.tasks[i]))
-            else:
-                episode, split.positions[i] = self.task_sequence.next_with_position(
-                    functools.partial(self._record_draw, split.row, i)
-                )
-            if episode is None:
-                split.active[i] = False
-                return None
-            split.tasks[i], split.init_states[i] = episode.task, episode.init_state
-            self.assignments_np[split.row, i] = (episode.task, episode.init_state)
-            self.positions_np[split.row, i] = split.positions[i]
-            if episode.task != SINGLE_TASK:
-                options = {"task": episode.task, "init_state": episode.init_state}
-            elif self.evaluation is not None:
-                seed = episode.init_state  # single-task evaluation: episode k resets with seed k
-            else:
-                # Single-task groups: the G episodes of a group start from the same seed.
-                seed = single_task_group_seed(self.cfg.env.seed, episode.init_state)
-        try:
-            obs, info = split.envs[i].reset(seed=seed, options=options)
-        except Exception:  # noqa: BLE001  (a failed reset is handled like a failed step: rebuild once)
-            log.exception("%s: reset failed; rebuilding the env", self._describe(split, i))
-            self.env_failures += 1
-            self._rebuild_env(split, i)
-            obs, info = split.envs[i].reset(seed=seed, options=options)
-        if self.evaluation is not None and getattr(episode, "video", False):
-            caption = info.get("instruction") or self.evaluation.task_label(episode.task, episode.init_state)
-            split.videos[i] = EpisodeVideo(self.evaluation.video_size, caption, split.envs[i].render())
-        self.reset_sec += time.perf_counter() - started
-        self.resets += 1
-        return obs_as_dict(obs)
-
-    def _replace_failed_env(self, split: SplitRunner, i: int, buffer_id: int, t: int) -> dict:
-        """Rebuild an env whose step raised. Its episode is dropped from the statistics and, for learning, cut
-        here like a time limit: the last good observation (entry t) bootstraps the value."""
-        log.exception("%s: step failed; rebuilding the env and dropping its episode", self._describe(split, i))
-        self.env_failures += 1
-        split.truncation_scales[i] = 1.0
-        self._keep_final_obs(split, i, {key: self.obs_np[key][buffer_id, t] for key in self.obs_np})
-        split.episode_returns[i] = 0.0
-        split.episode_lengths[i] = 0
-        split.videos.pop(i, None)
-        self._rebuild_env(split, i)
-        return self._reset_env(split, i)
-
-    def _rebuild_env(self, split: SplitRunner, i: int) -> None:
-        try:
-            split.envs[i].close()
-        except Exception:  # noqa: BLE001  (the env is already broken; closing it is best effort)
-            pass
-        split.envs[i] = self.env_factory(split.contexts[i])
-
-    def _describe(self, split: SplitRunner, i: int) -> str:
-        ctx = split.contexts[i]
-        return f"rollout worker {self.worker}, env {ctx.env_index} ({ctx.name})"
 
     def _outcome(self, episode: EpisodeStats) -> float:
         """An episode's outcome for group advantages: its return, or its success."""
@@ -412,24 +328,6 @@ class RolloutWorker(Component):
                 self.cfg.env.env,
             )
         return episode.success
-
-    def _end_episode(self, split: SplitRunner, i: int, last_reward: float, info: dict) -> EpisodeStats:
-        success = info.get("success", info.get("is_success", math.nan))
-        if self.task_sequence is not None and not math.isnan(success):
-            self.task_sequence.record(int(split.tasks[i]), bool(success))
-        episode = EpisodeStats(
-            float(split.episode_returns[i] + last_reward),
-            int(split.episode_lengths[i] + 1),
-            float(success),
-            int(split.tasks[i]),
-            int(split.init_states[i]),
-        )
-        self.finished_episodes.append(episode)
-        if i in split.videos:
-            self.evaluation.write_video(split.videos.pop(i), episode)
-        split.episode_returns[i] = 0.0
-        split.episode_lengths[i] = 0
-        return episode
 
     def _finish_rollout(self, split: SplitRunner) -> bool:
         """Hand the full buffers to the batcher; continue in fresh ones. False if the split must wait."""
@@ -451,7 +349,7 @@ class RolloutWorker(Component):
             split.may_resume = False
             self.waiting_splits.append(split)
             return False
-        if len(self.free_ids) < len(split.envs):
+        if len(self.free_ids) < len(split.group):
             self.waiting_splits.append(split)
             return False
         self._continue_in_new_buffers(split)
@@ -465,7 +363,7 @@ class RolloutWorker(Component):
 
     def _resume_waiting(self) -> None:
         started = time.perf_counter()
-        while self.waiting_splits and len(self.free_ids) >= len(self.waiting_splits[0].envs):
+        while self.waiting_splits and len(self.free_ids) >= len(self.waiting_splits[0].group):
             split = self.waiting_splits[0]
             if not split.may_resume:
                 break
@@ -500,25 +398,26 @@ class RolloutWorker(Component):
 
     def _send_report(self, finished: bool = False) -> None:
         now = time.perf_counter()
+        groups = [split.group for split in self.splits]
         self.report.emit(
             WorkerReport(
                 self.worker,
-                self.finished_episodes,
-                self.env_step_sec,
+                [episode for group in groups for episode in group.take_finished()],
+                self.start_sec + sum(group.step_sec for group in groups),
                 self.busy_sec,
                 now - self.window_start,
-                self.env_failures,
-                self.steps_taken,
-                self.resets,
-                self.reset_sec,
+                sum(group.failures for group in groups),
+                sum(group.steps_taken for group in groups),
+                sum(group.resets for group in groups),
+                sum(group.reset_sec for group in groups),
                 finished,
                 self.policy.take_report(self.worker) if self.policy is not None else None,
             )
         )
-        self.finished_episodes = []
-        self.env_failures = 0
-        self.env_step_sec = self.busy_sec = self.reset_sec = 0.0
-        self.steps_taken = self.resets = 0
+        for group in groups:
+            group.failures = group.steps_taken = group.resets = 0
+            group.step_sec = group.reset_sec = 0.0
+        self.start_sec = self.busy_sec = 0.0
         self.window_start = now
 
     def on_stop(self) -> None:
@@ -528,9 +427,5 @@ class RolloutWorker(Component):
         if self.splits:
             self._send_report()
         for split in self.splits:
-            for env in split.envs:
-                try:
-                    env.close()
-                except Exception:  # noqa: BLE001  (a failing close must not block the shutdown of the others)
-                    log.exception("closing an env of worker %d failed", self.worker)
+            split.group.close()
         stop_own_loop(self)
