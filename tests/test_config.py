@@ -220,3 +220,17 @@ def test_env_options_that_clash_with_existing_ones_are_refused_at_registration()
 
     with pytest.raises(TypeError, match="num_workers already exist"):
         register_env("clashing_env", make_gymnasium_env, options=Clashing)
+
+
+def test_auto_is_held_as_a_marker_that_survives_a_saved_config_and_a_process_boundary(tmp_path):
+    import pickle
+
+    from sfengine.config import AUTO
+
+    cfg = parse_config(["--env=CartPole-v1", "--num_workers=auto", "--num_inference_workers=auto"])
+    assert cfg.sampler.num_workers is AUTO and cfg.sampler.num_inference_workers is AUTO
+    assert AUTO != -(2**31) and pickle.loads(pickle.dumps(cfg)).sampler.num_workers is AUTO  # spawned workers
+    with pytest.raises(TypeError):
+        cfg.sampler.num_workers + 1  # an unchosen value takes part in no arithmetic
+    save_config(cfg, tmp_path / "config.json")
+    assert json.loads((tmp_path / "config.json").read_text())["sampler"]["num_workers"] == "auto"

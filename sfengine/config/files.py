@@ -132,7 +132,7 @@ def load_saved_config(path: Path) -> dict[str, Any]:
 
 def save_config(cfg: Config, path: Path) -> None:
     # An option still at auto (a run that sized nothing: sfengine.pretrain) is written as "auto", which loads back.
-    data = {name: {k: "auto" if v == AUTO else v for k, v in group.items()} for name, group in cfg.to_dict().items()}
+    data = {name: {k: "auto" if v is AUTO else v for k, v in group.items()} for name, group in cfg.to_dict().items()}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)

@@ -13,7 +13,25 @@ class ConfigError(ValueError):
     """A user-caused configuration problem. The message is one line that names the fix."""
 
 
-AUTO = -(2**31)  # how an option given as "auto" is held until sfengine.sizing chooses it; no one types this value
+class Auto:
+    """The value of an option given as ``auto`` until ``sfengine.sizing`` chooses it from the machine: a marker of
+    its own type, which no number equals and no arithmetic takes (one copy, also across processes)."""
+
+    _one: Auto | None = None
+
+    def __new__(cls) -> Auto:
+        if cls._one is None:
+            cls._one = super().__new__(cls)
+        return cls._one
+
+    def __reduce__(self) -> tuple:
+        return (Auto, ())
+
+    def __repr__(self) -> str:
+        return "auto"
+
+
+AUTO = Auto()
 
 
 def option(default: Any, help: str, choices: tuple | None = None, auto: bool = False) -> Any:

@@ -25,9 +25,9 @@ def validate(cfg: Config) -> None:
         env_options.validate(auto)
     s, lrn, run = cfg.sampler, cfg.learner, cfg.run
     for name in ("num_workers", "num_envs_per_worker", "worker_num_splits", "rollout"):
-        if getattr(s, name) < 1 and name not in auto:
+        if name not in auto and getattr(s, name) < 1:
             raise ConfigError(f"--{name}={getattr(s, name)} must be at least 1")
-    if s.num_inference_workers < 0 and "num_inference_workers" not in auto:
+    if "num_inference_workers" not in auto and s.num_inference_workers < 0:
         raise ConfigError(
             f"--num_inference_workers={s.num_inference_workers} is negative; use 0 for rollout workers that act "
             "themselves, or 1 or more inference processes"
@@ -38,7 +38,7 @@ def validate(cfg: Config) -> None:
     for name in ("batch_size", "num_batches_per_epoch", "num_epochs", "learner_threads"):
         if getattr(lrn, name) < 1:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must be at least 1")
-    if auto & {"num_workers", "num_envs_per_worker"}:
+    if auto & {"num_workers", "num_envs_per_worker", "num_inference_workers"}:
         pass  # the checks on the worker layout wait until it is chosen
     elif s.num_envs_per_worker % s.worker_num_splits != 0:
         raise ConfigError(
