@@ -34,17 +34,23 @@ from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import action_spec_from_space, obs_spec_from_space
 
 BACKENDS = ("torch", "numpy")
+# The step part also times torch with the model's forward and backward compiled (torch.compile, inductor), the
+# standard way to cut torch's per-op overhead, against the numpy learner.
+STEP_BACKENDS = (*BACKENDS, "torch.compile")
 
 
 def step_milliseconds(env: str, backend: str, rounds: int = 5) -> float:
     """Median time of one minibatch step of the env's preset, from whole ``train`` calls on a synthetic batch."""
     preset = SFENGINE_PRESETS.get(env, "mujoco")
-    cfg = parse_config([f"--cfg={preset}", f"--env={env}", f"--learner_backend={backend}"])
+    compiled = backend == "torch.compile"
+    cfg = parse_config([f"--cfg={preset}", f"--env={env}", f"--learner_backend={'torch' if compiled else backend}"])
     probe = gym.make(env)
     obs_spec, action_spec = obs_spec_from_space(probe.observation_space), action_spec_from_space(probe.action_space)
     probe.close()
     torch.manual_seed(0)
     trainer = PPOTrainer(ActorCritic(obs_spec, action_spec, cfg.model), cfg)
+    if compiled:
+        trainer.policy_outputs = torch.compile(trainer.policy_outputs)
     learner = cfg.learner
     horizon = cfg.sampler.rollout
     batch = TrajectoryBuffers.allocate(
@@ -89,7 +95,7 @@ def markdown(summary: dict) -> str:
     ]
     lines.append("|---|---|---|---|---|---|---|")
     for env, entry in summary.items():
-        for backend in BACKENDS:
+        for backend in STEP_BACKENDS:
             step = entry["step_ms"].get(backend)
             row = entry["runs"].get(backend)
             step_text = f"{step:.3f}" if step is not None else ""
@@ -102,6 +108,10 @@ def markdown(summary: dict) -> str:
                 f"| {env} | {backend} | {step_text} | {len(row['seeds'])} | {row['return_mean']:.0f} ± "
                 f"{row['return_std']:.0f} ({returns}) | {row['wall_sec_mean']:.0f} ({walls}) | {row['fps_mean']:,.0f} |"
             )
+        steps = entry["step_ms"]
+        for name in ("torch", "torch.compile"):
+            if steps.get(name) and steps.get("numpy"):
+                lines.append(f"| {env} | {name} / numpy ms per step | {steps[name] / steps['numpy']:.2f} | | | | |")
         if {"torch", "numpy"} <= entry["runs"].keys():
             ratio = entry["runs"]["torch"]["wall_sec_mean"] / entry["runs"]["numpy"]["wall_sec_mean"]
             lines.append(f"| {env} | torch / numpy wall time | | | | {ratio:.2f} | |")
@@ -119,7 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     out_dir, envs = Path(args.out), args.envs.split(",")
     set_cpu_threads(1)  # as the learner process runs (--learner_threads=1)
-    summary = {env: {"step_ms": {b: step_milliseconds(env, b) for b in BACKENDS}, "runs": {}} for env in envs}
+    summary = {env: {"step_ms": {b: step_milliseconds(env, b) for b in STEP_BACKENDS}, "runs": {}} for env in envs}
     for env in envs:
         print(f"{env}: ms per minibatch step {summary[env]['step_ms']}", flush=True)
     if not args.skip_runs:

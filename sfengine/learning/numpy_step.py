@@ -24,6 +24,7 @@ or many (gradients averaged over the ranks as the torch step does).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -95,15 +96,38 @@ def _activation_grad(activation: type[nn.Module] | None, y: np.ndarray, grad: np
 
 
 class StepStats(NamedTuple):
-    """What ``PPOTrainer`` sums over the minibatch steps of an update (see ``PPOTrainer._step``)."""
+    """What ``PPOTrainer`` sums over the minibatch steps of an update, from either backend's step."""
 
     loss: float
     policy_loss: float
     value_loss: float
     entropy: float
     grad_norm: float  # 0.0 for a skipped (non-finite) step
-    finite: bool
     diagnostics: dict[str, float]
+    extra: dict[str, float]  # further sums: nonfinite_steps, kl_to_reference
+
+    def sums(self) -> dict[str, float]:
+        values = {name: getattr(self, name) for name in ("loss", "policy_loss", "value_loss", "entropy", "grad_norm")}
+        return {**values, **self.extra}
+
+
+class TorchStep:
+    """The torch backend with ``NumpyStep``'s interface: ``step_fn`` takes the step on the torch model itself, so
+    there is nothing to take at ``begin`` or give back at ``end``."""
+
+    active = True
+
+    def __init__(self, step_fn: Callable[..., StepStats]):
+        self.step_fn = step_fn
+
+    def begin(self, learning_rate: float, train_policy: bool) -> None:
+        pass
+
+    def __call__(self, *minibatch) -> StepStats:
+        return self.step_fn(*minibatch)
+
+    def end(self) -> None:
+        pass
 
 
 class NumpyStep:
@@ -349,7 +373,8 @@ class NumpyStep:
             "ratio_min": float(ratio.min()),
             "ratio_max": float(ratio.max()),
         }
-        return StepStats(loss, policy_loss, value_loss, mean_entropy, grad_norm, finite, diagnostics)
+        extra = {"nonfinite_steps": float(not finite)}
+        return StepStats(loss, policy_loss, value_loss, mean_entropy, grad_norm, diagnostics, extra)
 
     def _apply_gradients(self) -> tuple[float, bool]:
         """Average over the ranks, clip the norm as ``clip_grad_norm_`` does, and take Adam's step on the slices

@@ -12,7 +12,7 @@ from helpers import run_train
 from sfengine.algorithms.ppo.trainer import PPOTrainer
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, ConfigError
-from sfengine.learning.numpy_step import choose_learner_backend
+from sfengine.learning.numpy_step import NumpyStep, TorchStep, choose_learner_backend
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.spaces import ActionSpec, ObsSpec
 
@@ -64,7 +64,7 @@ def trainers(action_spec: ActionSpec, **options) -> tuple[PPOTrainer, PPOTrainer
     model.update_normalizers(make_batch(action_spec, 99).obs)
     numpy_trainer = PPOTrainer(copy.deepcopy(model), make_config("numpy", **options))
     torch_trainer = PPOTrainer(model, cfg)
-    assert numpy_trainer.numpy_step is not None and torch_trainer.numpy_step is None
+    assert isinstance(numpy_trainer.backend, NumpyStep) and isinstance(torch_trainer.backend, TorchStep)
     return torch_trainer, numpy_trainer
 
 

@@ -26,11 +26,12 @@ from sfengine.algo import (
     vtrace,
 )
 from sfengine.algo.group_advantages import GROUP_ADVANTAGES, episode_step_weights
+from sfengine.algo.ppo_loss import PPOLoss
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
 from sfengine.distributed import LearnerGroup
 from sfengine.learning.group_batcher import GroupBatch
-from sfengine.learning.numpy_step import NumpyStep, choose_learner_backend
+from sfengine.learning.numpy_step import NumpyStep, StepStats, TorchStep, choose_learner_backend
 from sfengine.learning.trainer import Trainer
 from sfengine.models.actor_critic import ActorCritic
 
@@ -46,10 +47,10 @@ class PPOTrainer(Trainer):
         # --kl_coeff: the policy as the run started (its --init_from clone), frozen with its own observation
         # statistics, so it stays the function it was; a resumed run takes it from the checkpoint (load_state_dict).
         self.kl_reference = copy.deepcopy(model).requires_grad_(False) if cfg.learner.kl_coeff > 0 else None
-        # --learner_backend=numpy: the same step without torch's per-op overhead (sfengine.learning.numpy_step).
-        self.numpy_step = (
-            NumpyStep(model, self.optimizer, cfg, self.group) if choose_learner_backend(cfg, model) == "numpy" else None
-        )
+        # --learner_backend: who takes the minibatch steps. numpy: the same step without torch's per-op overhead
+        # (sfengine.learning.numpy_step), which holds the weights while it runs and gives them back at end().
+        numpy = choose_learner_backend(cfg, model) == "numpy"
+        self.backend = NumpyStep(model, self.optimizer, cfg, self.group) if numpy else TorchStep(self.torch_step)
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps beside the model and the optimiser: the KL penalty's reference, if any."""
@@ -112,7 +113,7 @@ class PPOTrainer(Trainer):
             if self.stopped_at_target_kl:
                 break
             if per_epoch_targets:
-                self._end_numpy_steps()  # the targets come from the torch model
+                self._end_backend_steps()  # the targets come from the torch model
             if with_vtrace:
                 advantages, returns = self._vtrace_targets(batch, rewards, episode_ends)
             elif per_epoch_targets:
@@ -154,7 +155,7 @@ class PPOTrainer(Trainer):
                     tuple(anchor[part] for anchor in shuffled_anchors),
                 )
 
-        self._end_numpy_steps()
+        self._end_backend_steps()
         # The observation statistics move only after the update: during it the model sees its inputs as the acting
         # policy saw them, so an on-policy update starts at ratio 1 and its value anchors are the critic's own.
         if update_normalizers:
@@ -190,7 +191,7 @@ class PPOTrainer(Trainer):
                 if self.stopped_at_target_kl:
                     break
                 self._step({key: o[idx] for key, o in obs.items()}, actions[idx], old_log_probs[idx], advantages[idx])
-        self._end_numpy_steps()
+        self._end_backend_steps()
         self.model.update_normalizers(obs, self.group.sum)
         lag = (learner_version - batch.versions[:n]).float()
         return {
@@ -211,19 +212,56 @@ class PPOTrainer(Trainer):
         """One optimiser step on a minibatch. ``value_anchors``: the acting critic's values and the value targets,
         both in the critic's normalised units (None without a critic). With --target_kl, a step whose approximate
         KL passed 1.5 x the target is the update's last."""
-        if self.numpy_step is not None:
-            if not self.numpy_step.active:
-                self.numpy_step.begin(self.optimizer.param_groups[0]["lr"], self.train_policy)
-            result = self.numpy_step(obs, actions, old_log_probs, advantages, value_anchors)
-            values = {name: getattr(result, name) for name in ("loss", "policy_loss", "value_loss", "entropy")}
-            self._add_step_stats(
-                {**values, "grad_norm": result.grad_norm, "nonfinite_steps": float(not result.finite)},
-                result.diagnostics,
-            )
-            return
+        if not self.backend.active:
+            self.backend.begin(self.optimizer.param_groups[0]["lr"], self.train_policy)
+        result = self.backend(obs, actions, old_log_probs, advantages, value_anchors)
+        self._add_step_stats(result.sums(), result.diagnostics)
+
+    def torch_step(
+        self,
+        obs: dict[str, Tensor],
+        actions: Tensor,
+        old_log_probs: Tensor,
+        advantages: Tensor,
+        value_anchors: tuple[Tensor, Tensor] | None,
+    ) -> StepStats:
+        """The torch backend's minibatch step (``TorchStep``): losses, the KL penalty, backward, clipped Adam step."""
         cfg = self.cfg.learner
+        log_probs, losses = self.minibatch_losses(obs, actions, old_log_probs, advantages, value_anchors)
+        loss, extra, diagnostics = losses.loss, {}, None
+        if self.kl_reference is not None:
+            diagnostics = losses.diagnostics  # the surrogate's own: read before the penalty's gradient joins it
+            with torch.no_grad():
+                reference_log_probs, _ = self.kl_reference.log_prob_entropy(
+                    self.kl_reference.policy_params(obs), actions
+                )
+            kl = kl_penalty(log_probs, reference_log_probs)
+            loss = loss + cfg.kl_coeff * kl
+            extra["kl_to_reference"] = float(kl.detach())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = self.apply_gradients()  # counts a skipped step in nonfinite_steps itself
+        values = [float(getattr(losses, name).detach()) for name in ("policy_loss", "value_loss", "entropy")]
+        return StepStats(float(loss.detach()), *values, grad_norm, diagnostics or losses.diagnostics, extra)
+
+    def policy_outputs(self, obs: dict[str, Tensor], actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The model on a minibatch: log-probs of ``actions``, entropies, values in the critic's units (a pure
+        function of tensors: the unit ``benchmarks.learner_backend`` hands to ``torch.compile``)."""
         params, values = self.model(obs, in_critic_units=True)
         log_probs, entropy = self.model.log_prob_entropy(params, actions)
+        return log_probs, entropy, values
+
+    def minibatch_losses(
+        self,
+        obs: dict[str, Tensor],
+        actions: Tensor,
+        old_log_probs: Tensor,
+        advantages: Tensor,
+        value_anchors: tuple[Tensor, Tensor] | None,
+    ) -> tuple[Tensor, PPOLoss]:
+        """The model's forward pass and PPO's losses on a minibatch: the new log-probs and the losses."""
+        cfg = self.cfg.learner
+        log_probs, entropy, values = self.policy_outputs(obs, actions)
         value_terms = (None, None, None) if value_anchors is None else (values, *value_anchors)
         losses = ppo_loss(
             log_probs,
@@ -238,22 +276,7 @@ class PPOTrainer(Trainer):
             clip_mode=self.clip_mode,
             surrogate_params=self.surrogate_params,
         )
-        loss, extra, diagnostics = losses.loss, {}, None
-        if self.kl_reference is not None:
-            diagnostics = losses.diagnostics  # the surrogate's own: read before the penalty's gradient joins it
-            with torch.no_grad():
-                reference_log_probs, _ = self.kl_reference.log_prob_entropy(
-                    self.kl_reference.policy_params(obs), actions
-                )
-            kl = kl_penalty(log_probs, reference_log_probs)
-            loss = loss + cfg.kl_coeff * kl
-            extra["kl_to_reference"] = float(kl.detach())
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = self.apply_gradients()
-        values = {name: float(getattr(losses, name).detach()) for name in ("policy_loss", "value_loss", "entropy")}
-        values["loss"] = float(loss.detach())
-        self._add_step_stats({**values, **extra, "grad_norm": grad_norm}, diagnostics or losses.diagnostics)
+        return log_probs, losses
 
     def _add_step_stats(self, values: dict[str, float], diagnostics: dict[str, float]) -> None:
         """Add one minibatch step's losses and diagnostics to the update's sums (``train`` averages them), and end
@@ -273,10 +296,9 @@ class PPOTrainer(Trainer):
         for name, value in diagnostics.items():
             sums[name] = sums.get(name, 0.0) + value
 
-    def _end_numpy_steps(self) -> None:
-        """Put the numpy steps' weights and Adam state back into the torch model before torch reads it."""
-        if self.numpy_step is not None:
-            self.numpy_step.end()
+    def _end_backend_steps(self) -> None:
+        """Put the backend's weights and Adam state back into the torch model before torch reads it."""
+        self.backend.end()
 
     @torch.no_grad()
     def _current_values(self, batch: TrajectoryBuffers) -> Tensor:
