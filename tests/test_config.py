@@ -234,3 +234,18 @@ def test_auto_is_held_as_a_marker_that_survives_a_saved_config_and_a_process_bou
         cfg.sampler.num_workers + 1  # an unchosen value takes part in no arithmetic
     save_config(cfg, tmp_path / "config.json")
     assert json.loads((tmp_path / "config.json").read_text())["sampler"]["num_workers"] == "auto"
+
+
+def test_each_clip_mode_brings_its_own_target_kl_unless_the_run_sets_one(tmp_path):
+    def target_kl(*args: str) -> float:
+        return parse_config(["--cfg=cartpole", f"--train_dir={tmp_path}", *args]).learner.target_kl
+
+    assert target_kl() == 0.0  # ppo_clip's clip is its trust region
+    for mode in ("soft_clip", "sapo", "ce_gppo", "cispo"):
+        assert target_kl(f"--clip_mode={mode}") == 0.02
+    assert target_kl("--clip_mode=cispo", "--target_kl=0") == 0.0  # set by the run: kept, even to off
+    assert target_kl("--clip_mode=sapo", "--target_kl=0.05") == 0.05
+    saved = parse_config(["--cfg=cartpole", "--clip_mode=cispo", "--target_kl=0", f"--train_dir={tmp_path}"])
+    saved.experiment_dir.mkdir(parents=True)
+    save_config(saved, saved.experiment_dir / "config.json")
+    assert target_kl("--clip_mode=cispo") == 0.0  # a resumed run keeps its saved setting

@@ -53,9 +53,19 @@ SURROGATES: dict[str, SurrogateFn] = {}
 SAPO_SATURATED_SLOPE = 0.1
 
 
-def register_surrogate(name: str, fn: SurrogateFn) -> None:
-    """Make ``fn`` available as ``--clip_mode=name``."""
+# The --target_kl a mode runs with when the run sets none (its own trust region): ppo_clip's clip bounds each
+# step already; the others keep a gradient outside their range or have no hard range, and with policy lag a batch
+# can move them far (CartPole, asynchronous, 1e-3: approx KL jumped to 0.3-1.1 and they collapsed to return 9).
+# At 0.02 all four crossed 400 within 213k steps and ended at 500 in 5 of 5 seeds (benchmarks/README.md).
+SURROGATE_TARGET_KL: dict[str, float] = {}
+MODE_TARGET_KL = 0.02
+
+
+def register_surrogate(name: str, fn: SurrogateFn, target_kl: float = 0.0) -> None:
+    """Make ``fn`` available as ``--clip_mode=name``; ``target_kl``: the --target_kl its runs take unless they set
+    one (0: none)."""
     SURROGATES[name] = fn
+    SURROGATE_TARGET_KL[name] = target_kl
 
 
 def policy_surrogate(
@@ -111,8 +121,9 @@ def cispo(ratio: Tensor, advantages: Tensor, log_probs: Tensor, p: SurrogatePara
     return Surrogate(-weight * advantages * log_probs, low, high)
 
 
-for _fn in (ppo_clip, soft_clip, sapo, ce_gppo, cispo):
-    register_surrogate(_fn.__name__, _fn)
+register_surrogate("ppo_clip", ppo_clip)
+for _fn in (soft_clip, sapo, ce_gppo, cispo):
+    register_surrogate(_fn.__name__, _fn, target_kl=MODE_TARGET_KL)
 
 
 @torch.no_grad()

@@ -19,6 +19,9 @@ A spec (``Algorithm``) declares what the engine needs and nothing more:
     annotate       the acting side's hook (FlowSAR's self-annotation): (cfg, reference, obs, actions) -> the
                    annotation fields of each step, computed with the trainer's ``reference`` policy, which is
                    published beside the policy; None for an algorithm that annotates nothing
+    defaults(cfg, given)   the defaults it chooses from the run's other settings: it sets options that no layer
+                   (preset, saved config, command line) gave; ``given`` names those that were given (PPO: the
+                   --target_kl of its --clip_mode)
     numpy_learner  whether the numpy learner (sfengine.learning.numpy_step, PPO's step restated) may run it
     title, describe(cfg)   how the start block names the algorithm and its settings
 """
@@ -44,6 +47,7 @@ class Algorithm:
     critic: bool | Callable[[Config], bool] = True
     batch: str | Callable[[Config], str] = TRAJECTORIES
     annotate: Callable[..., Any] | None = None
+    defaults: Callable[[Config, set[str]], None] | None = None
     numpy_learner: bool = False
     title: str = ""
     describe: Callable[[Config], str] | None = None

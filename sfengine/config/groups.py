@@ -83,7 +83,8 @@ class LearnerConfig:
     target_kl: float = option(
         0.0,
         "end an update early, before its next minibatch step, once a step's approximate KL from the acting policy "
-        "passed 1.5 x this (the ranks' mean), as CleanRL and SB3 do: no batch moves the policy far; 0: off",
+        "passed 1.5 x this (the ranks' mean), as CleanRL and SB3 do: no batch moves the policy far; 0: off. Unset, "
+        "--algo=ppo takes its --clip_mode's: off for ppo_clip, 0.02 for soft_clip, sapo, ce_gppo and cispo",
     )
     max_grad_norm: float = option(4.0, "gradient norm clip (0: off)")
     normalize_advantage: bool = option(True, "normalise advantages per minibatch")

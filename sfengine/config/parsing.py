@@ -129,6 +129,11 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
                     f"--{name} (in {source}) is an option of --{kind}={', '.join(owners)}, not of --{kind}={current}; "
                     f"drop it or change --{kind}"
                 )
+    from sfengine.algorithms import algorithm_for
+
+    algorithm = algorithm_for(cfg)
+    if algorithm.defaults is not None:
+        algorithm.defaults(cfg, {name for overrides, _ in layers for name in overrides})
     validate(cfg)
     return cfg
 

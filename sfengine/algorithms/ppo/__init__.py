@@ -7,7 +7,7 @@ state). The update is ``trainer.PPOTrainer``; the math is in ``sfengine.algo``.
 from __future__ import annotations
 
 from sfengine.algo.group_advantages import GROUP_ADVANTAGES
-from sfengine.algo.surrogates import SURROGATES
+from sfengine.algo.surrogates import SURROGATE_TARGET_KL, SURROGATES
 from sfengine.algorithms import GROUPS, TRAJECTORIES, Algorithm, register_algorithm
 from sfengine.algorithms.ppo.trainer import PPOTrainer
 from sfengine.config import Config, ConfigError, PolicyLossConfig
@@ -71,6 +71,12 @@ def validate_policy_loss(policy: PolicyLossConfig) -> None:
         raise ConfigError(f"--cispo_eps_low={policy.cispo_eps_low} must be in [0, 1] (1: no lower bound)")
 
 
+def defaults(cfg: Config, given: set[str]) -> None:
+    """A clip mode's own trust region: its --target_kl, unless the run sets one."""
+    if "target_kl" not in given:
+        cfg.learner.target_kl = SURROGATE_TARGET_KL.get(cfg.policy_loss.clip_mode, 0.0)
+
+
 def describe(cfg: Config) -> str:
     advantage = cfg.advantage.advantage
     words = {"gae": "GAE", "vtrace": "V-trace"}.get(advantage, f"{advantage.upper()}, no critic")
@@ -78,6 +84,8 @@ def describe(cfg: Config) -> str:
         words += f", groups of {cfg.env.task_group_size}"
     if cfg.policy_loss.clip_mode != "ppo_clip":
         words += f", {cfg.policy_loss.clip_mode}"
+    if cfg.learner.target_kl:
+        words += f", target KL {cfg.learner.target_kl:g}"
     return words
 
 
@@ -86,6 +94,7 @@ register_algorithm(
     Algorithm(
         trainer=PPOTrainer,
         validate=validate,
+        defaults=defaults,
         critic=lambda cfg: not group_advantages(cfg),
         batch=lambda cfg: GROUPS if group_advantages(cfg) else TRAJECTORIES,
         numpy_learner=True,
