@@ -127,6 +127,10 @@ class TrajectoryBuffers:
     def batch_stats(self) -> dict[str, float]:
         return {}
 
+    def acting_versions(self) -> Tensor:
+        """The policy version that chose each trained step's action (the bootstrap entries are not trained)."""
+        return self.versions[:, :-1]
+
     def to(self, device: torch.device) -> TrajectoryBuffers:
         """A copy on ``device`` (non-blocking from pinned memory)."""
         moved = {name: t.to(device, non_blocking=True) for name, t in self.tensors().items()}

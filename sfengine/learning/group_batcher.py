@@ -88,6 +88,10 @@ class GroupBatch:
         """False for a batch of dropped groups' steps only (--dynamic_sampling): nothing to train on."""
         return self.num_groups > 0
 
+    def acting_versions(self) -> Tensor:
+        """The policy version that chose each step's action."""
+        return self.versions[: self.num_steps]
+
     def batch_stats(self) -> dict[str, float]:
         """How many groups were dropped since the last batch, and why (``--dynamic_sampling``: uniform outcomes)."""
         dropped = sum(self.dropped_groups.values())

@@ -154,6 +154,9 @@ class LearnerWorker(Component):
             with self.busy():
                 on_device = batch.to(self.device) if self.device.type != "cpu" else batch
                 stats = self.trainer.train(on_device, self.version, self.env_steps)
+            # How many updates behind the learner the acting policies were, whatever the algorithm.
+            lag = (self.version - batch.acting_versions()).float()
+            stats.update(policy_lag_mean=float(lag.mean()), policy_lag_max=float(lag.max()))
             self.version += 1
             self.weights.publish(self.model, self.version, self.reference)
         stats.update(batch.batch_stats())

@@ -41,7 +41,9 @@ def test_the_readme_a2c_trains_cartpole_past_400_within_300k_steps(tmp_path, tra
     result = run_a2c(script, train_dir, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sfengine: A2C on CartPole-v1" in result.stdout  # the start block names the user's algorithm
-    assert reached_target(read_summary(train_dir, "a2c"), "stop_at_return=400"), result.stdout[-2000:]
+    summary = read_summary(train_dir, "a2c")
+    assert reached_target(summary, "stop_at_return=400"), result.stdout[-2000:]
+    assert summary["policy_lag_mean"] == 0.0 and "lag 0.0" in result.stdout  # the engine measures its lag
     config = (train_dir / "a2c" / "config.json").read_text()
     assert '"a2c": {' in config and '"a2c_value_coeff": 0.5' in config  # its options, saved with the run
 

@@ -96,7 +96,6 @@ class FlowSARTrainer(Trainer):
         num_updates = cfg.num_epochs * cfg.num_batches_per_epoch
         shared = ("grad_norm", "nonfinite_steps")  # named as PPO's
         stats = {name if name in shared else f"flow_sar_{name}": v / num_updates for name, v in sums.items()}
-        lag = (learner_version - batch.versions[:n]).float()
         stats.update(
             flow_sar_weight_mean=float(weights.mean()),
             flow_sar_success_ratio=float(success.mean()),
@@ -104,8 +103,6 @@ class FlowSARTrainer(Trainer):
             flow_sar_energy_type=float(sar.flow_sar_energy_type == "sde"),
             flow_sar_loss_variant=float(sar.flow_sar_loss_variant == "softplus_kl"),
             flow_sar_ema_decay=decay,
-            policy_lag_mean=float(lag.mean()),
-            policy_lag_max=float(lag.max()),
             learning_rate=self.optimizer.param_groups[0]["lr"],
         )
         return stats

@@ -160,10 +160,7 @@ class PPOTrainer(Trainer):
         # policy saw them, so an on-policy update starts at ratio 1 and its value anchors are the critic's own.
         if update_normalizers:
             self.model.update_normalizers({key: obs[:, steps] for key, obs in batch.obs.items()}, self.group.sum)
-        lag = (learner_version - batch.versions[:, steps]).float()
         stats = {
-            "policy_lag_mean": float(lag.mean()),
-            "policy_lag_max": float(lag.max()),
             "explained_variance": explained_variance(old_values, returns.reshape(-1)),
             "value_mean": float(old_values.mean()),
             "advantage_mean": float(advantages.mean()),
@@ -193,10 +190,7 @@ class PPOTrainer(Trainer):
                 self._step({key: o[idx] for key, o in obs.items()}, actions[idx], old_log_probs[idx], advantages[idx])
         self._end_backend_steps()
         self.model.update_normalizers(obs, self.group.sum)
-        lag = (learner_version - batch.versions[:n]).float()
         return {
-            "policy_lag_mean": float(lag.mean()),
-            "policy_lag_max": float(lag.max()),
             "advantage_abs_mean": float(episode_advantages.abs().mean()),
             "outcome_mean": float(outcomes.mean()),
         }
