@@ -36,10 +36,10 @@ from sfengine.evaluation.evaluator import run_evaluation
 from sfengine.evaluation.report import EvalReport
 from sfengine.evaluation.video import EvalOutput
 from sfengine.event_loop import configure_logging
-from sfengine.inference.numpy_policy import choose_inference_backend
 from sfengine.messages import EpisodeStats
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo
+from sfengine.numpy_backend.policy import choose_inference_backend
 from sfengine.sizing import Machine, resolve_auto_options
 from sfengine.train import probe_env
 

@@ -21,10 +21,10 @@ from sfengine.config import Config, ConfigError, check_group_layout, env_default
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.event_loop import configure_logging
-from sfengine.inference.numpy_policy import choose_inference_backend
-from sfengine.learning.numpy_step import choose_learner_backend
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.multitask import TaskInfo, selected_init_states, task_info
+from sfengine.numpy_backend.policy import choose_inference_backend
+from sfengine.numpy_backend.step import choose_learner_backend
 from sfengine.progress import start_block
 from sfengine.sizing import Machine, resolve_auto_options
 from sfengine.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space

@@ -22,7 +22,7 @@ A spec (``Algorithm``) declares what the engine needs and nothing more:
     defaults(cfg, given)   the defaults it chooses from the run's other settings: it sets options that no layer
                    (preset, saved config, command line) gave; ``given`` names those that were given (PPO: the
                    --target_kl of its --clip_mode)
-    numpy_learner  whether the numpy learner (sfengine.learning.numpy_step, PPO's step restated) may run it
+    numpy_learner  whether the numpy learner (sfengine.numpy_backend.step, PPO's step restated) may run it
     title, describe(cfg)   how the start block names the algorithm and its settings
 """
 

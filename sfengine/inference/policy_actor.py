@@ -22,9 +22,9 @@ from sfengine.algorithms import algorithm_for
 from sfengine.buffers import ANNOTATION_FIELDS, POLICY_FIELDS, SharedBuffers, SharedWeights
 from sfengine.config import Config
 from sfengine.distributed import rank_device
-from sfengine.inference.numpy_policy import NumpyPolicy, choose_inference_backend
 from sfengine.messages import InferenceReport
 from sfengine.models.actor_critic import ActorCritic
+from sfengine.numpy_backend.policy import NumpyPolicy, choose_inference_backend
 from sfengine.seeding import acting_worker_seed
 from sfengine.spaces import ActionSpec, ObsSpec
 

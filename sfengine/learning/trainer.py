@@ -15,11 +15,16 @@ its statistics (losses, diagnostics) for the status line and TensorBoard::
 
 The learner worker builds it once (``Algorithm.trainer(model, cfg, group)``), calls ``train`` per batch, and
 saves ``state_dict()`` under the algorithm's name in each checkpoint.
+
+A trainer whose minibatch step has more than one implementation takes it from a backend with one interface
+(``begin``, the step, ``end``; ``StepStats`` back): ``TorchStep`` here, ``sfengine.numpy_backend.step.NumpyStep``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -81,3 +86,38 @@ class Trainer:
         params = self.optimizer.param_groups[0]["params"]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
         return float(norm)
+
+
+class StepStats(NamedTuple):
+    """What ``PPOTrainer`` sums over the minibatch steps of an update, from either backend's step."""
+
+    loss: float
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    grad_norm: float  # 0.0 for a skipped (non-finite) step
+    diagnostics: dict[str, float]
+    extra: dict[str, float]  # further sums: nonfinite_steps, kl_to_reference
+
+    def sums(self) -> dict[str, float]:
+        values = {name: getattr(self, name) for name in ("loss", "policy_loss", "value_loss", "entropy", "grad_norm")}
+        return {**values, **self.extra}
+
+
+class TorchStep:
+    """The torch backend with ``NumpyStep``'s interface: ``step_fn`` takes the step on the torch model itself, so
+    there is nothing to take at ``begin`` or give back at ``end``."""
+
+    active = True
+
+    def __init__(self, step_fn: Callable[..., StepStats]):
+        self.step_fn = step_fn
+
+    def begin(self, learning_rate: float, train_policy: bool) -> None:
+        pass
+
+    def __call__(self, *minibatch) -> StepStats:
+        return self.step_fn(*minibatch)
+
+    def end(self) -> None:
+        pass

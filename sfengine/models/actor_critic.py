@@ -32,11 +32,11 @@ import torch
 from torch import Tensor, nn
 
 from sfengine.config import Config, ConfigError, ModelConfig
+from sfengine.models.distributions import LOG_STD_RANGE, gaussian_entropy, gaussian_log_prob
 from sfengine.models.flow_head import FlowHead
 from sfengine.spaces import ActionSpec, ObsSpec
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
-LOG_2PI = math.log(2 * math.pi)
 
 
 class RunningMeanStd(nn.Module):
@@ -391,8 +391,8 @@ class ActorCritic(nn.Module):
     def _mean_log_std(self, params: Tensor) -> tuple[Tensor, Tensor]:
         if self.state_dependent_std:
             mean, log_std = params.chunk(2, dim=-1)
-            return mean, log_std.clamp(-5.0, 2.0)
-        return params, self.log_std.clamp(-5.0, 2.0).expand_as(params)
+            return mean, log_std.clamp(*LOG_STD_RANGE)
+        return params, self.log_std.clamp(*LOG_STD_RANGE).expand_as(params)
 
     def sample(self, params: Tensor) -> tuple[Tensor, Tensor]:
         """Draw actions and their log-probs. Written with plain ops: torch.distributions validation
@@ -409,8 +409,7 @@ class ActorCritic(nn.Module):
         mean, log_std = self._mean_log_std(params)
         noise = torch.randn_like(mean)
         actions = mean + noise * log_std.exp()
-        log_probs = (-0.5 * noise.pow(2) - log_std - 0.5 * LOG_2PI).sum(-1)
-        return actions, log_probs
+        return actions, gaussian_log_prob(noise, log_std)
 
     def log_prob_entropy(self, params: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """Log-prob of given actions and the policy entropy, both [N]."""
@@ -420,9 +419,7 @@ class ActorCritic(nn.Module):
             return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy
         mean, log_std = self._mean_log_std(params)
         z = (actions - mean) / log_std.exp()
-        log_probs = (-0.5 * z.pow(2) - log_std - 0.5 * LOG_2PI).sum(-1)
-        entropy = (0.5 + 0.5 * LOG_2PI + log_std).sum(-1)
-        return log_probs, entropy
+        return gaussian_log_prob(z, log_std), gaussian_entropy(log_std)
 
     def mode(self, params: Tensor) -> tuple[Tensor, Tensor]:
         """The most likely actions (the Gaussian's mean, the categorical's argmax) and their log-probs."""
@@ -431,7 +428,7 @@ class ActorCritic(nn.Module):
             log_probs, actions = log_p.max(-1)
             return actions, log_probs
         mean, log_std = self._mean_log_std(params)
-        return mean, (-log_std - 0.5 * LOG_2PI).sum(-1)
+        return mean, gaussian_log_prob(0.0, log_std)
 
     def act(self, obs: dict[str, Tensor], deterministic: bool = False) -> PolicyOutput:
         """Sample actions for a batch (``deterministic``: take the mode, as evaluation does). Call it under

@@ -15,9 +15,9 @@ import torch
 from helpers import run_train, train_command
 from sfengine.buffers import SharedWeights
 from sfengine.config import ConfigError, ModelConfig, parse_config
-from sfengine.inference.numpy_policy import NumpyPolicy, choose_inference_backend
-from sfengine.learning.numpy_step import choose_learner_backend
 from sfengine.models.actor_critic import ActorCritic
+from sfengine.numpy_backend.policy import NumpyPolicy, choose_inference_backend
+from sfengine.numpy_backend.step import choose_learner_backend
 from sfengine.spaces import action_spec_from_space, obs_spec_from_space
 
 BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -190,7 +190,7 @@ RATIO_RECORDING_SCRIPT = textwrap.dedent(
     import sys
 
     from sfengine.algorithms.ppo import trainer as ppo_trainer
-    from sfengine.learning import numpy_step
+    from sfengine.numpy_backend import step as numpy_step
     from sfengine.train import main
 
     real_train, real_loss, real_step, first = (

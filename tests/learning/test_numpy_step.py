@@ -12,8 +12,9 @@ from helpers import run_train
 from sfengine.algorithms.ppo.trainer import PPOTrainer
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, ConfigError
-from sfengine.learning.numpy_step import NumpyStep, TorchStep, choose_learner_backend
+from sfengine.learning.trainer import TorchStep
 from sfengine.models.actor_critic import ActorCritic
+from sfengine.numpy_backend.step import NumpyStep, choose_learner_backend
 from sfengine.spaces import ActionSpec, ObsSpec
 
 NUM_TRAJECTORIES, HORIZON = 8, 16

@@ -31,9 +31,9 @@ from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
 from sfengine.distributed import LearnerGroup
 from sfengine.learning.group_batcher import GroupBatch
-from sfengine.learning.numpy_step import NumpyStep, StepStats, TorchStep, choose_learner_backend
-from sfengine.learning.trainer import Trainer
+from sfengine.learning.trainer import StepStats, TorchStep, Trainer
 from sfengine.models.actor_critic import ActorCritic
+from sfengine.numpy_backend.step import NumpyStep, choose_learner_backend
 
 
 class PPOTrainer(Trainer):
@@ -48,7 +48,7 @@ class PPOTrainer(Trainer):
         # statistics, so it stays the function it was; a resumed run takes it from the checkpoint (load_state_dict).
         self.kl_reference = copy.deepcopy(model).requires_grad_(False) if cfg.learner.kl_coeff > 0 else None
         # --learner_backend: who takes the minibatch steps. numpy: the same step without torch's per-op overhead
-        # (sfengine.learning.numpy_step), which holds the weights while it runs and gives them back at end().
+        # (sfengine.numpy_backend.step), which holds the weights while it runs and gives them back at end().
         numpy = choose_learner_backend(cfg, model) == "numpy"
         self.backend = NumpyStep(model, self.optimizer, cfg, self.group) if numpy else TorchStep(self.torch_step)
 

@@ -27,8 +27,8 @@ from torch import nn
 
 from sfengine.config import Config, ConfigError
 from sfengine.models.actor_critic import ActorCritic, CNNEncoder
+from sfengine.models.distributions import HALF_LOG_2PI, LOG_STD_RANGE, gaussian_log_prob
 
-HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 TINY = np.finfo(np.float32).tiny  # the smallest positive float32
 
 
@@ -170,7 +170,7 @@ class NumpyPolicy:
         if self.return_mean is not None:
             self.return_std = np.float32(max(math.sqrt(float(self.return_var[0])), self.return_min_std))
         if self.log_std is not None:
-            self.clipped_log_std = np.clip(self.log_std, -5.0, 2.0)
+            self.clipped_log_std = np.clip(self.log_std, *LOG_STD_RANGE)
             self.std = np.exp(self.clipped_log_std)
 
     def _inputs(self, obs: dict[str, np.ndarray]) -> np.ndarray:
@@ -207,7 +207,7 @@ class NumpyPolicy:
             log_probs = np.take_along_axis(log_p, actions[:, None], -1)[:, 0]
             return PolicyOutputArrays(actions, log_probs, values)
         if self.state_dependent_std:
-            mean, log_std = params[:, : self.action_dim], np.clip(params[:, self.action_dim :], -5.0, 2.0)
+            mean, log_std = params[:, : self.action_dim], np.clip(params[:, self.action_dim :], *LOG_STD_RANGE)
             std = np.exp(log_std)
         else:
             mean, log_std, std = params, self.clipped_log_std, self.std
@@ -216,5 +216,4 @@ class NumpyPolicy:
             return PolicyOutputArrays(mean, log_probs, values)
         noise = self.rng.standard_normal(mean.shape, dtype=np.float32)
         actions = mean + noise * std
-        log_probs = (-0.5 * noise * noise - log_std - HALF_LOG_2PI).sum(-1)
-        return PolicyOutputArrays(actions, log_probs, values)
+        return PolicyOutputArrays(actions, gaussian_log_prob(noise, log_std), values)

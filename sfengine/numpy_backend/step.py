@@ -24,7 +24,6 @@ or many (gradients averaged over the ranks as the torch step does).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -34,16 +33,16 @@ from torch import nn
 from sfengine.algorithms import algorithm_for
 from sfengine.config import Config, ConfigError
 from sfengine.distributed import LearnerGroup
-from sfengine.inference.numpy_policy import (
-    HALF_LOG_2PI,
+from sfengine.learning.trainer import StepStats
+from sfengine.models.actor_critic import ActorCritic, is_critic_key
+from sfengine.models.distributions import HALF_LOG_2PI, LOG_STD_RANGE, gaussian_entropy
+from sfengine.numpy_backend.policy import (
     NUMPY_ACTIVATIONS,
     numpy_unsupported_reason,
     vector_inputs,
 )
-from sfengine.models.actor_critic import ActorCritic, is_critic_key
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, which the torch step uses
-LOG_STD_RANGE = (-5.0, 2.0)  # ActorCritic clamps the log-std to this
 
 
 def choose_learner_backend(cfg: Config, model: ActorCritic) -> str:
@@ -93,41 +92,6 @@ def _activation_grad(activation: type[nn.Module] | None, y: np.ndarray, grad: np
     if activation is nn.ELU:
         return grad * np.where(y > 0.0, 1.0, y + 1.0)
     return grad
-
-
-class StepStats(NamedTuple):
-    """What ``PPOTrainer`` sums over the minibatch steps of an update, from either backend's step."""
-
-    loss: float
-    policy_loss: float
-    value_loss: float
-    entropy: float
-    grad_norm: float  # 0.0 for a skipped (non-finite) step
-    diagnostics: dict[str, float]
-    extra: dict[str, float]  # further sums: nonfinite_steps, kl_to_reference
-
-    def sums(self) -> dict[str, float]:
-        values = {name: getattr(self, name) for name in ("loss", "policy_loss", "value_loss", "entropy", "grad_norm")}
-        return {**values, **self.extra}
-
-
-class TorchStep:
-    """The torch backend with ``NumpyStep``'s interface: ``step_fn`` takes the step on the torch model itself, so
-    there is nothing to take at ``begin`` or give back at ``end``."""
-
-    active = True
-
-    def __init__(self, step_fn: Callable[..., StepStats]):
-        self.step_fn = step_fn
-
-    def begin(self, learning_rate: float, train_policy: bool) -> None:
-        pass
-
-    def __call__(self, *minibatch) -> StepStats:
-        return self.step_fn(*minibatch)
-
-    def end(self) -> None:
-        pass
 
 
 class NumpyStep:
@@ -307,7 +271,7 @@ class NumpyStep:
             inv_std = np.exp(-log_std)
             z = (action - params) * inv_std
             log_probs = -0.5 * np.einsum("ij,ij->i", z, z) - (log_std.sum() + HALF_LOG_2PI * log_std.size)
-            mean_entropy = float((0.5 + HALF_LOG_2PI + log_std).sum())
+            mean_entropy = float(gaussian_entropy(log_std))
 
         # The clipped surrogate: a sample's gradient flows where the unclipped term is the smaller, or the ratio is
         # within the range (the clamp passes it there); elsewhere it is cut off.
