@@ -66,7 +66,9 @@ class Reporting:
         if stats.task_successes:
             print(f"           success per task: {stats.per_task_success_line()}", flush=True)
         if "approx_kl" in learner:
-            print(f"           learner: {learner_line(self.cfg.policy_loss.clip_mode, learner)}", flush=True)
+            # Named by the algorithm's clip mode where it has one (PPO's --clip_mode).
+            label = getattr(self.cfg.algorithm_options, "clip_mode", self.cfg.learner.algo)
+            print(f"           learner: {learner_line(label, learner)}", flush=True)
         if self.writer is None:
             return
         step = stats.env_steps

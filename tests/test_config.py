@@ -159,11 +159,11 @@ def test_a_config_saved_when_every_env_option_was_in_the_env_group_still_resumes
 
 def test_a_config_saved_before_the_advantage_option_resumes_with_the_same_estimator(tmp_path):
     old = Config().to_dict()
-    del old["advantage"]
+    del old["ppo"]["advantage"]
     old["learner"]["with_vtrace"] = True
     (tmp_path / "default_experiment").mkdir()
     (tmp_path / "default_experiment" / "config.json").write_text(json.dumps(old))
-    assert parse_config([f"--train_dir={tmp_path}"]).advantage.advantage == "vtrace"
+    assert parse_config([f"--train_dir={tmp_path}"]).get("advantage") == "vtrace"
 
 
 def test_a_saved_config_with_an_option_this_version_lacks_still_resumes_and_names_it(tmp_path, capsys):

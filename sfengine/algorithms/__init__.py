@@ -22,7 +22,8 @@ A spec (``Algorithm``) declares what the engine needs and nothing more:
     defaults(cfg, given)   the defaults it chooses from the run's other settings: it sets options that no layer
                    (preset, saved config, command line) gave; ``given`` names those that were given (PPO: the
                    --target_kl of its --clip_mode)
-    numpy_learner  whether the numpy learner (sfengine.numpy_backend.step, PPO's step restated) may run it
+    numpy_learner(cfg)  whether the numpy learner (sfengine.numpy_backend.step, PPO's step restated) may take
+                   its steps in this run: None if so, else why not; leave it None for an algorithm it cannot run
     title, describe(cfg)   how the start block names the algorithm and its settings
 """
 
@@ -48,7 +49,7 @@ class Algorithm:
     batch: str | Callable[[Config], str] = TRAJECTORIES
     annotate: Callable[..., Any] | None = None
     defaults: Callable[[Config, set[str]], None] | None = None
-    numpy_learner: bool = False
+    numpy_learner: Callable[[Config], str | None] | None = None
     title: str = ""
     describe: Callable[[Config], str] | None = None
     name: str = ""  # set by register_algorithm
@@ -98,7 +99,8 @@ class Algorithm:
                 cfg.sampler.rollout,
                 cfg.env.task_group_size,
                 cfg.samples_per_training_batch,
-                cfg.advantage.dynamic_sampling,
+                # An algorithm's option: drop groups whose outcomes are all equal (PPO's --dynamic_sampling).
+                bool(getattr(cfg.algorithm_options, "dynamic_sampling", False)),
                 first_position=int(task_sequence.position[0]),
             )
         from sfengine.learning.batcher import Batcher

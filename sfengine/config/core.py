@@ -11,13 +11,11 @@ from typing import Any
 
 from sfengine.config.groups import (
     GROUPS,
-    AdvantageConfig,
     DebugConfig,
     EnvConfig,
     EvalConfig,
     LearnerConfig,
     ModelConfig,
-    PolicyLossConfig,
     RunConfig,
     SamplerConfig,
 )
@@ -85,8 +83,6 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
-    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
-    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     run: RunConfig = field(default_factory=RunConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

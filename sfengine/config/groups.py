@@ -21,6 +21,11 @@ class EnvConfig:
     task_group_size: int = option(
         1, "multi-task envs: each (task, init state) is handed out this many times in a row (RLOO/GRPO groups)"
     )
+    group_outcome: str = option(
+        "return",
+        "groups of episodes (rloo, grpo, flow_sar): an episode's outcome is its return, or its success (0/1)",
+        ("return", "success"),
+    )
     task_sampling: str = option(
         "round_robin",
         "multi-task envs: tasks in turn, or drawn with probability (recent failures + 1); init states always cycle",
@@ -115,76 +120,6 @@ class LearnerConfig:
         "ppo (the policy surrogate of --clip_mode with the advantages of --advantage), flow_sar (a flow-matching "
         "policy, --policy_head=flow, trained by FlowSAR on whole episodes and their success: no critic, no "
         "likelihoods; its options are in the flow_sar group), or a name given to sfengine.register_algorithm",
-    )
-
-
-@dataclass
-class AdvantageConfig:
-    """How each step's advantage is estimated: with a critic (gae, vtrace) or, critic-free, from the outcomes of a
-    group of episodes of one (task, init state) (``sfengine.algo.group_advantages``)."""
-
-    advantage: str = option(
-        "gae",
-        "gae (with a critic), vtrace (with a critic, corrects policy lag), rloo or grpo (no critic: each episode "
-        "against the other --task_group_size - 1 episodes of its (task, init state)), or a name given to "
-        "register_group_advantage",
-    )
-    group_outcome: str = option(
-        "return", "rloo/grpo: an episode's outcome is its return, or its success (0/1)", ("return", "success")
-    )
-    dynamic_sampling: bool = option(
-        False, "rloo/grpo: drop groups whose outcomes are all equal (they carry no signal); counted and reported"
-    )
-    group_loss_weighting: str = option(
-        "step",
-        "rloo/grpo: how a group's episodes weigh in the loss: step (every step alike, so an episode that ran to the "
-        "time limit outweighs a short success) or episode (every episode alike, whatever its length)",
-        ("step", "episode"),
-    )
-    recompute_advantages: bool = option(
-        False,
-        "gae: recompute the values, advantages and value targets with the learner's current critic before every "
-        "epoch, instead of once from the values the acting policy wrote (costs one critic pass over the batch per "
-        "epoch)",
-    )
-
-
-@dataclass
-class PolicyLossConfig:
-    """The policy surrogate (``sfengine.algo.surrogates``): how the ratio r = pi / pi_old and the advantage make the
-    policy loss. Defaults of the modes' parameters are the published ones."""
-
-    clip_mode: str = option(
-        "ppo_clip",
-        "policy surrogate: ppo_clip (PPO's clipped ratio, eps = --ppo_clip_ratio), soft_clip (no cut, extreme ratios "
-        "damped), sapo (sigmoid gate), ce_gppo (PPO's clip, but clipped samples keep a scaled gradient), cispo "
-        "(clipped, detached ratio times log pi), or a name given to register_surrogate",
-    )
-    soft_clip_alpha: float = option(
-        PUBLISHED.soft_clip_alpha, "soft_clip: the damping coefficient is (1 / max(r, 1/r))^alpha"
-    )
-    sapo_tau_pos: float = option(PUBLISHED.sapo_tau_pos, "sapo: gate temperature for A > 0 (the SAPO paper's default)")
-    sapo_tau_neg: float = option(PUBLISHED.sapo_tau_neg, "sapo: gate temperature for A < 0 (the SAPO paper's default)")
-    ce_gppo_beta_low: float = option(
-        PUBLISHED.ce_gppo_beta_low,
-        "ce_gppo: gradient scale of samples clipped below 1 - eps with A < 0 (CE-GPPO authors' default)",
-    )
-    ce_gppo_beta_high: float = option(
-        PUBLISHED.ce_gppo_beta_high,
-        "ce_gppo: gradient scale of samples clipped above 1 + eps with A > 0 (CE-GPPO authors' default)",
-    )
-    ce_gppo_dual_clip: float = option(
-        PUBLISHED.ce_gppo_dual_clip,
-        "ce_gppo: samples with A < 0 and a ratio above this keep the value c A and no gradient (dual clip, as in "
-        "the CE-GPPO authors' code; 0: off)",
-    )
-    cispo_eps_low: float = option(
-        PUBLISHED.cispo_eps_low,
-        "cispo: the weight is clipped below at 1 - eps_low (1: no lower bound, as in MiniMax-M1's CISPO)",
-    )
-    cispo_eps_high: float = option(
-        PUBLISHED.cispo_eps_high,
-        "cispo: the weight is clipped above at 1 + eps_high (0.28, the default of Trinity-RFT's CISPO)",
     )
 
 
@@ -321,8 +256,6 @@ GROUPS: dict[str, type] = {
     "env": EnvConfig,
     "sampler": SamplerConfig,
     "learner": LearnerConfig,
-    "advantage": AdvantageConfig,
-    "policy_loss": PolicyLossConfig,
     "model": ModelConfig,
     "run": RunConfig,
     "eval": EvalConfig,

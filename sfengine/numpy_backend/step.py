@@ -60,7 +60,8 @@ def numpy_learner_unsupported_reason(cfg: Config, model: ActorCritic) -> str | N
     """Why ``NumpyStep`` cannot train this model with this config, or None if it can: what the numpy path cannot
     compute (``numpy_unsupported_reason``, the check acting shares: a registered model among them), and what it
     computes but the step has no gradient for."""
-    if not algorithm_for(cfg).numpy_learner:
+    algorithm = algorithm_for(cfg)
+    if algorithm.numpy_learner is None:
         return f"--algo={cfg.learner.algo} trains in torch"
     if cfg.learner.device != "cpu":
         return f"the learner runs on --device={cfg.learner.device}"
@@ -68,8 +69,8 @@ def numpy_learner_unsupported_reason(cfg: Config, model: ActorCritic) -> str | N
         return reason
     if cfg.learner.kl_coeff > 0:
         return "the KL penalty (--kl_coeff) runs in torch"
-    if cfg.policy_loss.clip_mode != "ppo_clip":
-        return f"--clip_mode={cfg.policy_loss.clip_mode} runs in torch (numpy has ppo_clip)"
+    if reason := algorithm.numpy_learner(cfg):
+        return reason
     if model.state_dependent_std:
         return "a state-dependent log-std runs in torch"
     return None

@@ -99,7 +99,7 @@ class RolloutWorker(Component):
         self.waiting_splits: deque[SplitRunner] = deque()  # at a rollout boundary, waiting for buffers or a policy
         self.sync_rollouts = 0 if cfg.sampler.async_rl else self._rollouts_per_update(cfg)
         # Group advantages: every step records its episode's sequence position, every episode end its outcome.
-        self.outcome_is_success = cfg.advantage.group_outcome == "success"
+        self.outcome_is_success = cfg.env.group_outcome == "success"
         self.warned_no_success = False
         self.grouped = algorithm_for(cfg).grouped(cfg)  # episodes batched in groups: outcomes matter
         self.stopped = False

@@ -31,8 +31,7 @@ def make_config(backend: str, **options) -> Config:
     cfg.model.hidden_sizes = [16, 16]
     cfg.run.train_for_env_steps = 1000
     for name, value in options.items():
-        group = next(g for g in vars(cfg).values() if hasattr(g, name))
-        setattr(group, name, value)
+        cfg.set(name, value)
     return cfg
 
 

@@ -244,7 +244,7 @@ def test_gradients_are_clipped_to_max_grad_norm_before_the_step_and_zero_turns_i
 @pytest.mark.parametrize("recompute", [True, False])
 def test_recompute_advantages_takes_values_and_targets_from_the_current_critic_every_epoch(monkeypatch, recompute):
     trainer, batch = make_trainer(), bandit_batch()
-    trainer.cfg.advantage.recompute_advantages = recompute
+    trainer.cfg.set("recompute_advantages", recompute)
     batch.values[:] = 7.0  # what a stale acting critic wrote: far from anything the learner's critic predicts
     gae_calls, loss_targets = [], []
     real_gae, real_loss = ppo_trainer.gae, ppo_trainer.ppo_loss
@@ -282,7 +282,8 @@ def test_group_loss_weighting_episode_weighs_a_long_failure_like_a_short_success
     # One RLOO group of two episodes: a 2-step success (A = +1) and a 6-step failure that ran to the time limit
     # (A = -1). Step-averaged, the failure's six steps outweigh the success; weighed by episode they cancel.
     cfg = make_trainer().cfg
-    cfg.advantage.advantage, cfg.advantage.group_loss_weighting, cfg.env.task_group_size = "rloo", weighting, 2
+    cfg.set("advantage", "rloo"), cfg.set("group_loss_weighting", weighting)
+    cfg.env.task_group_size = 2
     cfg.learner.num_epochs, cfg.learner.num_batches_per_epoch = 1, 1
     trainer = PPOTrainer(ActorCritic(OBS_SPEC, ACTION_SPEC, cfg.model), cfg)
     batch = GroupBatch.allocate(16, 2, OBS_SPEC, ACTION_SPEC)
@@ -340,7 +341,8 @@ def group_bandit_batch() -> GroupBatch:
 def test_target_kl_ends_the_update_after_the_step_that_passed_it(advantage, backend):
     def steps_and_stats(target_kl: float) -> tuple[int, dict]:
         trainer = make_trainer(learning_rate=0.05, target_kl=target_kl, learner_backend=backend)
-        trainer.cfg.advantage.advantage, trainer.cfg.env.task_group_size = advantage, 2
+        trainer.cfg.set("advantage", advantage)
+        trainer.cfg.env.task_group_size = 2
         steps = []
         real = trainer._add_step_stats
         trainer._add_step_stats = lambda *args: (steps.append(1), real(*args))[1]

@@ -213,7 +213,7 @@ def test_with_vtrace_the_learner_trains_on_vtrace_targets_not_gae(training_run):
 
     def targets_trained_on(with_vtrace: bool) -> tuple[float, float]:
         cfg = copy.deepcopy(training_run.cfg)
-        cfg.advantage.advantage = "vtrace" if with_vtrace else "gae"
+        cfg.set("advantage", "vtrace" if with_vtrace else "gae")
         cfg.learner.num_epochs = 1  # V-trace's targets are those of the weights as published, computed above
         stats = PPOTrainer(training_run.policy(version), cfg).train(clone(batch), version, captured.env_steps)
         return stats["advantage_mean"], stats["explained_variance"]

@@ -55,11 +55,7 @@ def validate(cfg: Config) -> None:
     sar, lrn = cfg.algorithm_options, cfg.learner
     if cfg.model.policy_head != "flow":
         raise ConfigError("--algo=flow_sar trains a flow-matching policy: add --policy_head=flow")
-    if cfg.advantage.advantage not in ("gae", "vtrace"):
-        raise ConfigError(
-            f"--algo=flow_sar assigns credit itself; --advantage={cfg.advantage.advantage} is for --algo=ppo: drop it"
-        )
-    if cfg.advantage.group_outcome != "success":
+    if cfg.env.group_outcome != "success":
         raise ConfigError(
             "--algo=flow_sar weighs each episode by its success (R = 0 or 1): add --group_outcome=success (the env "
             "reports info['success'] at an episode's end)"

@@ -9,19 +9,25 @@ from __future__ import annotations
 from sfengine.algo.group_advantages import GROUP_ADVANTAGES
 from sfengine.algo.surrogates import SURROGATE_TARGET_KL, SURROGATES
 from sfengine.algorithms import GROUPS, TRAJECTORIES, Algorithm, register_algorithm
+from sfengine.algorithms.ppo.options import PPOOptions
 from sfengine.algorithms.ppo.trainer import PPOTrainer
-from sfengine.config import Config, ConfigError, PolicyLossConfig
+from sfengine.config import Config, ConfigError
 
 CRITIC_ADVANTAGES = ("gae", "vtrace")
 
 
+def ppo_options(cfg: Config) -> PPOOptions:
+    """The run's PPO options (the ``ppo`` group)."""
+    return cfg.options_group(PPOOptions.group)
+
+
 def group_advantages(cfg: Config) -> bool:
     """Critic-free: each episode judged against the others of its group, no value head."""
-    return cfg.advantage.advantage not in CRITIC_ADVANTAGES
+    return ppo_options(cfg).advantage not in CRITIC_ADVANTAGES
 
 
 def validate(cfg: Config) -> None:
-    advantage = cfg.advantage.advantage
+    advantage = ppo_options(cfg).advantage
     if cfg.model.policy_head == "flow":
         raise ConfigError(
             "--policy_head=flow has no likelihood, which PPO's ratio needs: train it with --algo=flow_sar"
@@ -42,15 +48,15 @@ def validate(cfg: Config) -> None:
             f"--advantage={advantage} compares the episodes of a group with each other, and --task_group_size="
             f"{cfg.env.task_group_size} makes groups of one: use --task_group_size=2 or more (e.g. 8)"
         )
-    if cfg.advantage.group_loss_weighting != "step" and not grouped:
+    if ppo_options(cfg).group_loss_weighting != "step" and not grouped:
         raise ConfigError(
-            f"--group_loss_weighting={cfg.advantage.group_loss_weighting} weighs the episodes of a group, and "
+            f"--group_loss_weighting={ppo_options(cfg).group_loss_weighting} weighs the episodes of a group, and "
             f"--advantage={advantage} has no groups: use --advantage=rloo or grpo, or drop the option"
         )
-    validate_policy_loss(cfg.policy_loss)
+    validate_policy_loss(ppo_options(cfg))
 
 
-def validate_policy_loss(policy: PolicyLossConfig) -> None:
+def validate_policy_loss(policy: PPOOptions) -> None:
     if policy.clip_mode not in SURROGATES:
         raise ConfigError(
             f"--clip_mode={policy.clip_mode!r} is not one of {', '.join(SURROGATES)}; register a new one with "
@@ -74,16 +80,22 @@ def validate_policy_loss(policy: PolicyLossConfig) -> None:
 def defaults(cfg: Config, given: set[str]) -> None:
     """A clip mode's own trust region: its --target_kl, unless the run sets one."""
     if "target_kl" not in given:
-        cfg.learner.target_kl = SURROGATE_TARGET_KL.get(cfg.policy_loss.clip_mode, 0.0)
+        cfg.learner.target_kl = SURROGATE_TARGET_KL.get(ppo_options(cfg).clip_mode, 0.0)
+
+
+def numpy_learner_unsupported(cfg: Config) -> str | None:
+    """Why the numpy learner cannot take PPO's step in this run, or None (it has the ppo_clip surrogate)."""
+    mode = ppo_options(cfg).clip_mode
+    return None if mode == "ppo_clip" else f"--clip_mode={mode} runs in torch (numpy has ppo_clip)"
 
 
 def describe(cfg: Config) -> str:
-    advantage = cfg.advantage.advantage
+    advantage = ppo_options(cfg).advantage
     words = {"gae": "GAE", "vtrace": "V-trace"}.get(advantage, f"{advantage.upper()}, no critic")
     if group_advantages(cfg):
         words += f", groups of {cfg.env.task_group_size}"
-    if cfg.policy_loss.clip_mode != "ppo_clip":
-        words += f", {cfg.policy_loss.clip_mode}"
+    if ppo_options(cfg).clip_mode != "ppo_clip":
+        words += f", {ppo_options(cfg).clip_mode}"
     if cfg.learner.target_kl:
         words += f", target KL {cfg.learner.target_kl:g}"
     return words
@@ -97,7 +109,8 @@ register_algorithm(
         defaults=defaults,
         critic=lambda cfg: not group_advantages(cfg),
         batch=lambda cfg: GROUPS if group_advantages(cfg) else TRAJECTORIES,
-        numpy_learner=True,
+        options=PPOOptions,
+        numpy_learner=numpy_learner_unsupported,
         title="PPO",
         describe=describe,
     ),

@@ -10,7 +10,6 @@ Plumbing (where the batch came from, where the weights go) lives in the learner 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 
 import torch
@@ -27,6 +26,7 @@ from sfengine.algo import (
 )
 from sfengine.algo.group_advantages import GROUP_ADVANTAGES, episode_step_weights
 from sfengine.algo.ppo_loss import PPOLoss
+from sfengine.algorithms.ppo.options import PPOOptions
 from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
 from sfengine.distributed import LearnerGroup
@@ -41,9 +41,10 @@ class PPOTrainer(Trainer):
         super().__init__(model, cfg, group)
         # One trajectory entry per decision: with --action_chunk=K, K env steps (each discounted by gamma) apart.
         self.gamma = cfg.learner.gamma**cfg.model.action_chunk
-        policy = dataclasses.asdict(cfg.policy_loss)
-        self.clip_mode = policy.pop("clip_mode")
-        self.surrogate_params = SurrogateParams(clip_ratio=cfg.learner.ppo_clip_ratio, **policy)
+        self.options = options = cfg.options_group(PPOOptions.group)
+        self.clip_mode = options.clip_mode
+        mode_params = {name: getattr(options, name) for name in SurrogateParams._fields if name != "clip_ratio"}
+        self.surrogate_params = SurrogateParams(clip_ratio=cfg.learner.ppo_clip_ratio, **mode_params)
         # --kl_coeff: the policy as the run started (its --init_from clone), frozen with its own observation
         # statistics, so it stays the function it was; a resumed run takes it from the checkpoint (load_state_dict).
         self.kl_reference = copy.deepcopy(model).requires_grad_(False) if cfg.learner.kl_coeff > 0 else None
@@ -106,9 +107,9 @@ class PPOTrainer(Trainer):
         old_log_probs = batch.log_probs[:, steps].reshape(-1)
         old_values = batch.values[:, steps].reshape(-1)
 
-        with_vtrace = self.cfg.advantage.advantage == "vtrace"
+        with_vtrace = self.options.advantage == "vtrace"
         # Targets that follow the critic as it learns: V-trace always, GAE with --recompute_advantages.
-        per_epoch_targets = with_vtrace or self.cfg.advantage.recompute_advantages
+        per_epoch_targets = with_vtrace or self.options.recompute_advantages
         for epoch in range(cfg.num_epochs):
             if self.stopped_at_target_kl:
                 break
@@ -177,9 +178,9 @@ class PPOTrainer(Trainer):
         cfg = self.cfg.learner
         n = batch.num_steps
         outcomes = batch.outcomes[: batch.num_groups]
-        episode_advantages = GROUP_ADVANTAGES[self.cfg.advantage.advantage](outcomes)
+        episode_advantages = GROUP_ADVANTAGES[self.options.advantage](outcomes)
         advantages = episode_advantages.reshape(-1)[batch.episodes[:n]]
-        if self.cfg.advantage.group_loss_weighting == "episode":
+        if self.options.group_loss_weighting == "episode":
             advantages = advantages * episode_step_weights(batch.episodes[:n])
         obs = {key: o[:n] for key, o in batch.obs.items()}
         actions, old_log_probs = batch.actions[:n], batch.log_probs[:n]
