@@ -401,7 +401,7 @@ class LiberoOptions:
     )
 
     def validate(self, auto: set[str]) -> None:
-        if self.libero_sim_cache < 1 and "libero_sim_cache" not in auto:
+        if "libero_sim_cache" not in auto and self.libero_sim_cache < 1:
             raise ConfigError(f"--libero_sim_cache={self.libero_sim_cache} must be at least 1, or auto")
         if self.libero_image_size < 8:
             raise ConfigError(f"--libero_image_size={self.libero_image_size}: give at least 8 pixels (e.g. 128)")
