@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_quick_run_of_every_row_writes_json_markdown_and_plot(tmp_path):
     # --baseline_ref=HEAD: the engine rows also run from a temporary checkout of a revision (before/after).
     command = [sys.executable, "-m", "benchmarks.throughput", "--env=synthetic", "--synthetic_step_ms=1"]

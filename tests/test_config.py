@@ -101,6 +101,7 @@ def test_synchronous_mode_accepts_a_batch_that_every_env_fills_equally(tmp_path)
         ),
     ],
 )
+@pytest.mark.slow
 def test_cli_bad_input_exits_2_with_a_clear_message(train_dir, args, expected):
     result = run_train(train_dir, "bad", *args, timeout=120)
     assert result.returncode == 2, result.stderr

@@ -48,6 +48,7 @@ def rank_main(rank: int, port: int, results) -> None:
     group.close()
 
 
+@pytest.mark.slow
 def test_two_ranks_share_weights_gradients_normalisers_and_news():
     spawn = multiprocessing.get_context("spawn")
     results, port = spawn.Queue(), free_port()

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import pytest
 import torch
 
 from sfengine.process_lock import ProcessLock
@@ -28,6 +29,7 @@ def hold_forever(lock: ProcessLock, ready) -> None:
     time.sleep(600)
 
 
+@pytest.mark.slow
 def test_increments_from_three_processes_are_never_lost():
     lock, counter = ProcessLock(), torch.zeros(1, dtype=torch.int64).share_memory_()
     start = SPAWN.Barrier(4)

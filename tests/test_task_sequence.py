@@ -20,6 +20,7 @@ def draw_many(sequence: SharedTaskSequence, count: int, start, results) -> None:
     results.put([tuple(sequence.next()) for _ in range(count)])
 
 
+@pytest.mark.slow
 def test_processes_drawing_at_once_get_each_position_exactly_once():
     schedule = TaskSchedule(shard_pairs([7, 3, 5], rank=0, world_size=1))
     sequence = SharedTaskSequence.allocate(schedule)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from sfengine.config import parse_config
 from sfengine.sizing import Machine
 
 
+@pytest.mark.slow
 def test_tuner_finds_one_worker_per_core_for_a_cpu_bound_env_and_writes_a_loadable_preset(tmp_path):
     command = [sys.executable, "-m", "sfengine.tune", "--env=synthetic", "--synthetic_step_ms=2"]
     command += ["--budget_seconds=20", f"--out={tmp_path}"]  # the worker counts, the first stage

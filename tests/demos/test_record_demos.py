@@ -10,6 +10,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from helpers import requires_libero, start
 from sfengine.demos import read_demos
@@ -21,6 +22,7 @@ def record(tmp_path, *args: str, timeout: float = 300) -> subprocess.CompletedPr
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow
 def test_reach_demos_are_successful_episodes_of_every_task_with_the_actions_taken(tmp_path):
     output = tmp_path / "reach.hdf5"
     result = record(
@@ -45,6 +47,7 @@ def test_reach_demos_are_successful_episodes_of_every_task_with_the_actions_take
     assert report["success_rate"] == 1.0 and [t["successes"] for t in report["tasks"]] == [3] * 8
 
 
+@pytest.mark.slow
 def test_failed_episodes_are_counted_and_left_out(tmp_path):
     # Five steps leave the expert one to spare (the goal is 4 full steps away), so noise makes it fail at times.
     output = tmp_path / "noisy.hdf5"
@@ -62,6 +65,7 @@ def test_failed_episodes_are_counted_and_left_out(tmp_path):
         assert not set(kept) & set(task["failed_init_states"])
 
 
+@pytest.mark.slow
 def test_a_recording_stopped_by_sigterm_leaves_no_scratch_folder_no_file_and_no_process(tmp_path):
     output = tmp_path / "stopped.hdf5"
     command = [sys.executable, "-m", "sfengine.demos", f"--train_dir={tmp_path}", "--env=multitask_reach"]
@@ -90,6 +94,7 @@ def test_a_recording_stopped_by_sigterm_leaves_no_scratch_folder_no_file_and_no_
     assert not [pid for pid in children if os.path.exists(f"/proc/{pid}")]
 
 
+@pytest.mark.slow
 def test_bad_demo_requests_are_one_line_errors(tmp_path):
     for args, words in (
         (["--env=multitask_reach", "--demos_per_task=0"], "--demos_per_task=0"),
@@ -104,6 +109,7 @@ def test_bad_demo_requests_are_one_line_errors(tmp_path):
 
 
 @requires_libero
+@pytest.mark.slow
 def test_libero_object_demonstrator_picks_and_places_from_its_first_init_states(tmp_path):
     output = tmp_path / "object.hdf5"
     result = record(

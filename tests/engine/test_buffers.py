@@ -1,5 +1,6 @@
 import multiprocessing
 
+import pytest
 import torch
 
 from sfengine.buffers import SharedBuffers, SharedWeights, TrajectoryBuffers, buffers_per_worker
@@ -93,6 +94,7 @@ def _publish_alternating(weights: SharedWeights, model: ActorCritic, times: int)
         weights.publish(model, version)
 
 
+@pytest.mark.slow
 def test_a_pull_during_publishes_never_mixes_two_versions():
     # Every publish fills every tensor with its version number: a pull that copied half of one publish and half
     # of the next would hold two different values, or a version that does not match them.

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 
 import psutil
+import pytest
 import torch
 
 from helpers import (
@@ -32,6 +33,7 @@ def torchrun(script, train_dir, experiment: str, *args: str, timeout: float = 30
     )
 
 
+@pytest.mark.slow
 def test_two_ranks_train_in_lockstep_each_on_its_own_shard_of_tasks(tmp_path, train_dir):
     script, logs = tmp_path / "recorded.py", tmp_path / "logs"
     write_recording_script(script, logs)
@@ -97,6 +99,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_rank_that_fails_takes_the_whole_job_down_with_a_clear_message(tmp_path, train_dir):
     script = tmp_path / "mortal.py"
     script.write_text(DYING_RANK_SCRIPT)

@@ -98,6 +98,7 @@ def assert_nothing_left(processes: list[psutil.Process], shm_before: set[str]) -
         ("sfe-rollout-1", "--num_inference_workers=0"),  # a worker that acts itself: its successor acts too
     ],
 )
+@pytest.mark.slow
 def test_a_killed_worker_is_respawned_and_the_run_finishes_its_env_steps(train_dir, name, layout):
     shm_before = shm_entries()
     # Long enough that the kill comes well before the end: acting workers reach 60,000 steps before the first
@@ -118,6 +119,7 @@ def test_a_killed_worker_is_respawned_and_the_run_finishes_its_env_steps(train_d
 
 
 @pytest.mark.parametrize("critic_free", [False, True])
+@pytest.mark.slow
 def test_the_episodes_of_a_killed_worker_are_played_again_so_the_sequence_is_covered_exactly(
     tmp_path, train_dir, critic_free
 ):
@@ -181,6 +183,7 @@ DIES_AT_START_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_at_every_start_stops_the_run_after_max_respawns(tmp_path, train_dir):
     shm_before = shm_entries()
     script = tmp_path / "cursed.py"
@@ -205,6 +208,7 @@ def test_a_worker_that_dies_at_every_start_stops_the_run_after_max_respawns(tmp_
     assert_nothing_left(seen, shm_before)
 
 
+@pytest.mark.slow
 def test_chaos_kills_workers_every_second_and_the_run_still_finishes(train_dir):
     shm_before = shm_entries()
     process = start_training(train_dir, "chaos", "--train_for_env_steps=40000", "--chaos_kill_every_sec=1")

@@ -35,6 +35,7 @@ from sfengine.spaces import action_spec_from_space, obs_spec_from_space
 from sfengine.train import build_model
 
 
+@pytest.mark.slow
 def test_sigint_saves_a_checkpoint_and_leaves_no_process_or_shared_memory(train_dir):
     shm_before = shm_entries()
     # A non-default model width: a resume that ignored the saved config.json would build another model and fail.
@@ -77,6 +78,7 @@ def test_sigint_saves_a_checkpoint_and_leaves_no_process_or_shared_memory(train_
     assert latest_checkpoint(train_dir / "interrupted") == before and before.stat().st_mtime_ns == mtime
 
 
+@pytest.mark.slow
 def test_the_learner_starts_from_the_weights_the_inference_workers_act_with(train_dir):
     # Sampling only (--benchmark): the learner never updates, so its checkpoint holds the weights it started from.
     # They must be the seeded model the runner published as version 0, which the inference workers pull and act
@@ -122,6 +124,7 @@ def assert_training_continued_from(saved: dict, checkpoint: Path, config: dict) 
             assert moved <= bound, (name, moved, bound)
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_is_an_error_not_a_fresh_start(train_dir):
     result = run_train(train_dir, "corrupt", *FAST, "--train_for_env_steps=2048")
     assert result.returncode == 0, result.stderr
@@ -132,6 +135,7 @@ def test_corrupt_checkpoint_is_an_error_not_a_fresh_start(train_dir):
     assert "cannot load checkpoint" in result.stderr and "--restart_behavior=restart" in result.stderr
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_is_rejected(train_dir):
     assert run_train(train_dir, "shape", *FAST, "--train_for_env_steps=2048").returncode == 0
     result = run_train(train_dir, "shape", *FAST, "--hidden_sizes=32", "--train_for_env_steps=4096")
@@ -139,6 +143,7 @@ def test_checkpoint_of_another_model_is_rejected(train_dir):
     assert "does not fit this model" in result.stderr
 
 
+@pytest.mark.slow
 def test_run_writes_config_tensorboard_checkpoints_every_few_seconds_and_summary(train_dir):
     # Periodic checkpoints with pruning, and an `auto` worker count, in one run of a few seconds.
     args = ["--env=CartPole-v1", "--num_workers=auto", "--num_envs_per_worker=4", "--train_for_env_steps=40000"]
@@ -206,6 +211,7 @@ DISK_FULL_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_cannot_be_written_keeps_the_last_one_and_the_run_goes_on(tmp_path, train_dir):
     script = tmp_path / "disk_full.py"
     script.write_text(DISK_FULL_SCRIPT)
@@ -230,6 +236,7 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_last_one_and_the_run_goes
         assert torch.load(path, weights_only=True)["env_steps"] > 0
 
 
+@pytest.mark.slow
 def test_train_for_seconds_stops_the_run_cleanly_on_time(train_dir):
     # The clock runs from the start, so the stop may even reach components still starting: they stop all the same.
     started = time.time()
@@ -243,6 +250,7 @@ def test_train_for_seconds_stops_the_run_cleanly_on_time(train_dir):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_restart_moves_the_old_run_aside_and_overwrite_deletes_it(train_dir):
     assert run_train(train_dir, "again", *FAST, "--train_for_env_steps=2048").returncode == 0
     result = run_train(train_dir, "again", *FAST, "--train_for_env_steps=2048", "--restart_behavior=restart")
@@ -347,6 +355,7 @@ USER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_env_registered_from_a_user_script_runs_in_spawned_workers_with_its_own_options(tmp_path, train_dir):
     script = tmp_path / "my_train.py"
     script.write_text(USER_SCRIPT)
@@ -383,6 +392,7 @@ def test_env_registered_from_a_user_script_runs_in_spawned_workers_with_its_own_
     assert "module-level function" in result.stderr
 
 
+@pytest.mark.slow
 def test_second_sigint_forces_the_exit_and_leaves_no_process(train_dir):
     shm_before = shm_entries()
     process = start_long_training(train_dir, "forced")
@@ -398,6 +408,7 @@ def test_second_sigint_forces_the_exit_and_leaves_no_process(train_dir):
     assert leaked_shm(shm_before) == set()
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_whole_process_group_stops_cleanly_with_a_checkpoint(train_dir):
     # Job schedulers (and `timeout`) send SIGTERM to every process of the job at once, not only to the runner.
     shm_before = shm_entries()
@@ -420,6 +431,7 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly_with_a_checkpoint(trai
     assert leaked_shm(shm_before) == set()
 
 
+@pytest.mark.slow
 def test_a_runner_killed_with_sigkill_takes_its_workers_along_and_leaves_nothing_in_dev_shm(train_dir):
     # SIGKILL (or the OOM killer) gives the runner no chance to stop anything: the kernel ends the components with
     # it, and no named semaphore or segment may outlive them. A multi-task env, so the task-sequence lock exists too.
@@ -435,6 +447,7 @@ def test_a_runner_killed_with_sigkill_takes_its_workers_along_and_leaves_nothing
     assert leaked_shm(shm_before) == set()
 
 
+@pytest.mark.slow
 def test_an_env_that_raises_is_rebuilt_and_the_run_goes_on(tmp_path, train_dir):
     script = tmp_path / "my_train.py"
     script.write_text(USER_SCRIPT)
@@ -452,6 +465,7 @@ def test_an_env_that_raises_is_rebuilt_and_the_run_goes_on(tmp_path, train_dir):
     assert "step failed; rebuilding the env" in result.stderr
 
 
+@pytest.mark.slow
 def test_multi_task_env_gets_assignments_and_reports_success_per_task(tmp_path, train_dir):
     # Even tasks always succeed and odd ones never: each episode's outcome must be credited to its own task.
     script = tmp_path / "my_train.py"
@@ -565,6 +579,7 @@ def run_to_the_end(command: list[str], **popen) -> tuple[str, list[psutil.Proces
     return stderr, children
 
 
+@pytest.mark.slow
 def test_a_hung_env_is_named_with_its_stack_and_its_worker_respawned(tmp_path, train_dir):
     shm_before = shm_entries()
     command = hanging_toy_command(tmp_path, train_dir, "hang")
@@ -589,6 +604,7 @@ def test_a_hung_env_is_named_with_its_stack_and_its_worker_respawned(tmp_path, t
 
 
 @pytest.mark.parametrize("watched", [True, False], ids=["hang_watch", "stop_timeout"])
+@pytest.mark.slow
 def test_a_worker_hung_when_training_ends_is_ended_and_the_run_exits_0(tmp_path, train_dir, watched):
     # Env 3 of worker 1 hangs early (its 500th step, near 4,000 env steps in all) and the other worker reaches the
     # 30,000 steps alone, well within the hang timeout: the stop finds worker 1 stuck. Training is over and saved,
@@ -618,6 +634,7 @@ def test_a_worker_hung_when_training_ends_is_ended_and_the_run_exits_0(tmp_path,
     assert leaked_shm(shm_before) == set()
 
 
+@pytest.mark.slow
 def test_hang_timeout_zero_lets_a_long_silence_pass(tmp_path, train_dir):
     command = hanging_toy_command(tmp_path, train_dir, "stall")
     command += ["--env=stalling_toy", "--hang_timeout_sec=0", "--train_for_env_steps=20000"]
@@ -628,6 +645,7 @@ def test_hang_timeout_zero_lets_a_long_silence_pass(tmp_path, train_dir):
     assert read_summary(train_dir, "stall")["env_steps"] >= 20000
 
 
+@pytest.mark.slow
 def test_a_hung_inference_worker_is_named_and_respawned_and_the_run_finishes(train_dir):
     shm_before = shm_entries()
     args = [*FAST, "--train_for_env_steps=60000", "--hang_timeout_sec=4"]
@@ -678,6 +696,7 @@ STUCK_LEARNER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_learner_stuck_in_an_update_is_named_with_its_stack_and_the_run_stops_with_its_last_checkpoint(
     tmp_path, train_dir
 ):
@@ -730,6 +749,7 @@ FAILING_BATCHER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_batcher_that_raises_stops_the_run_with_a_checkpoint_instead_of_hanging(tmp_path, train_dir):
     shm_before = shm_entries()
     script = tmp_path / "failing_batcher.py"
@@ -751,6 +771,7 @@ def test_a_batcher_that_raises_stops_the_run_with_a_checkpoint_instead_of_hangin
     assert leaked_shm(shm_before) == set()
 
 
+@pytest.mark.slow
 def test_a_stop_during_a_workers_start_up_ends_it_at_once_and_the_run_exits_0(tmp_path, train_dir):
     # Worker 1 never finishes building its envs; worker 0 trains. A Ctrl-C then must not wait the stop's minute
     # for a process that reads no signal until its start-up is over: it holds nothing yet, so it is ended.

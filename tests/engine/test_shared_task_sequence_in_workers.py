@@ -55,6 +55,7 @@ def handed_out(start: int, count: int, group_size: int) -> Counter:
 
 
 @pytest.mark.parametrize("group_size", [1, 3])
+@pytest.mark.slow
 def test_all_workers_and_splits_draw_from_one_exact_sequence_that_resumes(tmp_path, train_dir, group_size):
     script = tmp_path / "recorded.py"
     first_logs, second_logs = tmp_path / "first", tmp_path / "second"
@@ -85,6 +86,7 @@ def test_all_workers_and_splits_draw_from_one_exact_sequence_that_resumes(tmp_pa
     assert read_summary(train_dir, "seq")["env_steps"] >= 24_000
 
 
+@pytest.mark.slow
 def test_curriculum_through_the_workers_favours_the_failing_task_and_keeps_each_tasks_init_states_cycling(
     tmp_path, train_dir
 ):
@@ -110,6 +112,7 @@ def test_curriculum_through_the_workers_favours_the_failing_task_and_keeps_each_
         assert states == Counter(s % NUM_INIT_STATES for s in range(draws))
 
 
+@pytest.mark.slow
 def test_tasks_option_trains_on_the_chosen_tasks_only_with_every_init_state_cycling(tmp_path, train_dir):
     script, logs = tmp_path / "recorded.py", tmp_path / "logs"
     write_recording_script(script, logs)

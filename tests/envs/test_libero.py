@@ -177,6 +177,7 @@ def test_success_is_detected_and_terminates_the_episode():
         env.close()
 
 
+@pytest.mark.slow
 def test_state_mode_simulators_are_built_without_textures_with_bit_identical_physics_and_observations():
     plain = make_env("libero_object")  # state mode, nothing renders: its simulators leave the textures out
     textured = LiberoSuiteEnv("libero_object", render_size=64)  # records videos: keeps them
@@ -213,6 +214,7 @@ def test_a_reused_env_replays_an_init_state_exactly():
         env.close()
 
 
+@pytest.mark.slow
 def test_a_task_switch_reuses_a_kept_simulator_and_replays_the_same_episode():
     env = make_env("libero_spatial", libero_sim_cache=2)
     try:
@@ -244,6 +246,7 @@ def test_without_a_cache_every_task_switch_rebuilds_the_simulator():
     "world_size, rank, tasks, sim_cache, built",
     [(2, 1, [], 5, [1, 3, 5, 7, 9]), (2, 1, [], 4, []), (1, 0, [3, 8], 10, [3, 8]), (2, 1, [0, 3, 8], 10, [3])],
 )
+@pytest.mark.slow
 def test_a_training_env_with_room_for_every_task_of_its_rank_builds_their_simulators_at_start(
     monkeypatch, world_size, rank, tasks, sim_cache, built
 ):

@@ -71,6 +71,7 @@ def test_libero_fast_step_is_the_default_and_false_selects_the_stock_step():
         stock.close()
 
 
+@pytest.mark.slow
 def test_one_fast_step_from_each_init_state_equals_the_stock_step_within_1e12():
     """From every init state of a LIBERO-Object task (objects start in contact there, the hardest case for the
     constraint solver), one step with a fixed action: qpos and qvel within 1e-12 of the stock step's. Not bit for
@@ -121,6 +122,7 @@ def test_the_fast_step_is_the_stock_step_bit_for_bit_without_warm_starts():
         stock.close()
 
 
+@pytest.mark.slow
 def test_observables_on_clocks_of_their_own_sample_as_in_the_stock_step():
     """The fast step advances the observables' shared sampling clock once per substep; an observable with its own
     rate or a delay sends it back to robosuite's per-substep updates. Either way the observations and every
@@ -155,6 +157,7 @@ def test_observables_on_clocks_of_their_own_sample_as_in_the_stock_step():
 @pytest.mark.parametrize(
     "suite, task, init_states", [("libero_spatial", 0, (0, 2)), ("libero_goal", 2, (5,)), ("libero_10", 1, (2,))]
 )
+@pytest.mark.slow
 def test_over_100_steps_the_robot_stays_within_1e6_and_rewards_and_episode_ends_agree(suite, task, init_states):
     """Seeded 100-step sequences from init states of three suites. The robot's joints stay within 1e-6 of the stock
     step's. Resting objects get a bound that catches a broken step but not rounding: an object's contact can switch

@@ -58,6 +58,7 @@ def only_eval_dir(train_dir: Path, experiment: str) -> Path:
     return eval_dir
 
 
+@pytest.mark.slow
 def test_every_pair_runs_exactly_once_whatever_the_worker_layout(toy_run, tmp_path):
     """20 pairs on 3 workers x 4 envs x 2 splits (12 envs, so the last round leaves envs idle), then each pair 3
     times (60 episodes): per the envs' own record, each ran exactly as often as asked, none missed."""
@@ -84,6 +85,7 @@ def test_every_pair_runs_exactly_once_whatever_the_worker_layout(toy_run, tmp_pa
     assert [task["episodes"] for task in results["tasks"]] == [3 * NUM_INIT_STATES] * NUM_TASKS
 
 
+@pytest.mark.slow
 def test_two_torchrun_ranks_split_the_pairs_and_rank_0_merges_them(toy_run, tmp_path):
     script, logs = tmp_path / "recorded.py", tmp_path / "logs"
     write_recording_script(script, logs, module="evaluate")
@@ -100,6 +102,7 @@ def test_two_torchrun_ranks_split_the_pairs_and_rank_0_merges_them(toy_run, tmp_
     assert Counter((e["task_index"], e["init_state"]) for e in results["episodes"]) == Counter(ALL_PAIRS)
 
 
+@pytest.mark.slow
 def test_single_task_env_runs_seeds_0_to_n_with_the_mode_reproducibly(cartpole_run):
     args = [f"--train_dir={cartpole_run}", "--experiment=cp", "--eval_episodes=5", "--num_workers=2"]
     first = evaluate(*args)
@@ -139,6 +142,7 @@ def replay_by_hand(train_dir: Path, experiment: str, seeds) -> dict[int, float]:
     return returns
 
 
+@pytest.mark.slow
 def test_sampled_actions_are_evaluated_into_a_folder_of_their_own_beside_the_modes(toy_run):
     args = [f"--train_dir={toy_run}", "--experiment=toy", "--num_workers=1"]
     mode = evaluate(*args)
@@ -155,6 +159,7 @@ def test_sampled_actions_are_evaluated_into_a_folder_of_their_own_beside_the_mod
     shutil.rmtree(sampled_dir)  # the toy run is shared: the other tests expect one results folder
 
 
+@pytest.mark.slow
 def test_video_of_a_gymnasium_env_decodes_to_the_episode_length_at_the_asked_size(cartpole_run):
     result = evaluate(
         f"--train_dir={cartpole_run}", "--experiment=cp", "--eval_episodes=3", "--video_per_task=2", "--video_size=64"
@@ -170,6 +175,7 @@ def test_video_of_a_gymnasium_env_decodes_to_the_episode_length_at_the_asked_siz
         assert frames.shape == (lengths[seed] + 1, 64, 64, 3)  # the first observation and one frame per step
 
 
+@pytest.mark.slow
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(toy_run, tmp_path):
     cases = {
         "no checkpoint": ([f"--train_dir={tmp_path}", "--experiment=empty"], "has no checkpoint"),

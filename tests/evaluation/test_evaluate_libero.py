@@ -19,6 +19,7 @@ from sfengine.env_registry import resolve_env_factory  # noqa: E402
 from sfengine.train import build_model, probe_env  # noqa: E402
 
 
+@pytest.mark.slow
 def test_libero_evaluation_of_2_tasks_x_3_init_states_writes_table_csv_and_videos(tmp_path):
     train_dir = tmp_path / "train_dir"
     cfg = parse_config(["--env=libero_spatial", f"--train_dir={train_dir}", "--experiment=spatial"])

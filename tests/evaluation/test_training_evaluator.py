@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from helpers import read_summary, run_train
 from sfengine.evaluation.episode_queue import SINGLE_TASK, EvalEpisode, training_evaluation_episodes
 from sfengine.events import read_scalars
@@ -26,6 +28,7 @@ def test_capped_evaluations_cycle_through_every_init_state():
     ]
 
 
+@pytest.mark.slow
 def test_evaluator_reports_per_task_success_to_tensorboard_and_summary(train_dir):
     # Evaluations are due at 6000, 12000 and 18000 env steps, none at the end: the final one runs anew.
     args = ["--env=multitask_toy", "--train_for_env_steps=20000", "--num_workers=1", "--eval_every_env_steps=6000"]

@@ -231,6 +231,7 @@ RATIO_RECORDING_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize(("backend", "learner_backend"), [("numpy", "numpy"), ("torch", "torch"), ("numpy", "torch")])
+@pytest.mark.slow
 def test_a_synchronous_run_acts_with_the_learners_policy_at_every_batch(tmp_path, train_dir, backend, learner_backend):
     # Synchronous (policy lag 0): every batch was acted by the weights and observation statistics the learner holds
     # when it starts on it, so its first minibatch's ratio is 1 up to float32 rounding. The inference worker must

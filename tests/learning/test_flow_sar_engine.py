@@ -75,6 +75,7 @@ CHECKING_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_every_step_is_annotated_by_the_reference_of_the_version_that_acted(tmp_path, train_dir):
     log, script = tmp_path / "checks.jsonl", tmp_path / "check_annotations.py"
     script.write_text(CHECKING_SCRIPT.format(log=str(log)))

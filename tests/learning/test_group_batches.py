@@ -104,6 +104,7 @@ def check_whole_groups(batches: list[dict]) -> list[int]:
     return trained
 
 
+@pytest.mark.slow
 def test_batches_are_whole_groups_of_one_assignment_none_split_or_lost(tmp_path, train_dir):
     batches, _ = run_recorded(tmp_path, train_dir, *LAYOUT)
     assert len(batches) >= 3
@@ -118,6 +119,7 @@ def test_batches_are_whole_groups_of_one_assignment_none_split_or_lost(tmp_path,
     assert summary["env_steps"] == sum(batch["env_steps"] for batch in batches)
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_drops_uniform_groups_and_counts_them(tmp_path, train_dir):
     # The untrained policy's groups of 4 come out uniform (all four fail or all succeed) about one time in five: a run
     # drops 10-19 groups against 52-56 trained. A learning rate of 1e-9 keeps the policy as it starts for the whole
@@ -136,6 +138,7 @@ def test_dynamic_sampling_drops_uniform_groups_and_counts_them(tmp_path, train_d
     assert "groups dropped" in result.stdout
 
 
+@pytest.mark.slow
 def test_when_every_group_is_uniform_the_run_still_counts_its_steps_and_stops_on_time(train_dir):
     # Two-step episodes cannot reach the goal (0.4 away, 0.1 a step): every group fails all its episodes and
     # --dynamic_sampling drops them all. Empty batches carry their env steps to the learner, so the run stops at
@@ -158,6 +161,7 @@ def test_when_every_group_is_uniform_the_run_still_counts_its_steps_and_stops_on
     assert dropped and all(value == 1.0 for value in dropped)
 
 
+@pytest.mark.slow
 def test_a_single_task_env_groups_episodes_that_start_from_the_same_seed(tmp_path, train_dir):
     # CartPole has no tasks: the G episodes of a group reset with one seed, so they start in the same state.
     args = [f"--task_group_size={GROUP_SIZE}", "--train_for_env_steps=6000"]

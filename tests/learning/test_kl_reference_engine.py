@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from helpers import run_train
@@ -14,6 +15,7 @@ def policy_tensors(state: dict) -> dict:
     return {name: t for name, t in state.items() if not is_critic_key(name)}
 
 
+@pytest.mark.slow
 def test_a_fine_tuning_run_keeps_its_clone_as_the_kl_reference_across_a_resume(tmp_path):
     train_dir = tmp_path / "train_dir"
     common = ["--env=CartPole-v1", "--num_workers=1", "--learner_backend=auto"]

@@ -103,6 +103,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.slow
 def test_numpy_step_updates_the_model_as_the_torch_step_does(case):
     action_spec, options = CASES[case]
     torch_trainer, numpy_trainer = trainers(action_spec, **options)

@@ -127,6 +127,7 @@ def test_observation_normalizer_learns_from_the_real_steps_only_not_the_bootstra
 
 
 @pytest.mark.parametrize(("env_steps", "fraction"), [(0, 1.0), (250, 0.75), (1000, 0.0), (5000, 0.0)])
+@pytest.mark.slow
 def test_linear_schedule_decays_the_learning_rate_to_zero_at_train_for_env_steps(env_steps, fraction):
     trainer = make_trainer(lr_schedule="linear")
     stats = trainer.train(bandit_batch(), LEARNER_VERSION, env_steps=env_steps)
@@ -304,6 +305,7 @@ def test_group_loss_weighting_episode_weighs_a_long_failure_like_a_short_success
     assert float(seen.sum()) == pytest.approx(net_push, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_kl_coeff_holds_the_policy_near_the_one_it_started_from_and_a_checkpoint_keeps_that_reference():
     # Arm 0's advantage pulls the policy away from its near-uniform start; the penalty pulls back toward the start.
     free, held = make_trainer(learning_rate=1e-2), make_trainer(learning_rate=1e-2, kl_coeff=3.0)
@@ -338,6 +340,7 @@ def group_bandit_batch() -> GroupBatch:
 
 @pytest.mark.parametrize("advantage", ["gae", "rloo"])
 @pytest.mark.parametrize("backend", ["torch", "numpy"])
+@pytest.mark.slow
 def test_target_kl_ends_the_update_after_the_step_that_passed_it(advantage, backend):
     def steps_and_stats(target_kl: float) -> tuple[int, dict]:
         trainer = make_trainer(learning_rate=0.05, target_kl=target_kl, learner_backend=backend)

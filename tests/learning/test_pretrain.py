@@ -94,6 +94,7 @@ def test_cloning_lowers_the_validation_loss_and_writes_a_training_runs_files(clo
     assert all(0.05 < s < 0.3 for s in std.tolist()), std
 
 
+@pytest.mark.slow
 def test_the_clone_evaluates_far_above_a_random_policy(cloned):
     result = evaluate(f"--train_dir={cloned}", "--experiment=bc", "--eval_episodes=40", "--num_workers=1")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -102,6 +103,7 @@ def test_the_clone_evaluates_far_above_a_random_policy(cloned):
     assert success >= 0.8, success  # a random policy: 0.27
 
 
+@pytest.mark.slow
 def test_training_from_the_clone_keeps_its_policy_bit_identical_through_critic_warmup(cloned):
     # Warm-up outlasts the run: only the critic learns, so the policy the workers act with from step 0 is the
     # clone's, weights and observation statistics alike, on every batch.
@@ -151,6 +153,7 @@ def test_a_checkpoint_that_does_not_fit_is_a_one_line_error(cloned, capsys, args
     assert not (cloned / "misfit").exists()
 
 
+@pytest.mark.slow
 def test_a_flow_head_clones_chunks_of_two_and_evaluates(demo_file, train_dir):
     command = [sys.executable, "-m", "sfengine.pretrain", f"--demos={demo_file}", f"--train_dir={train_dir}"]
     args = ["--experiment=flow", "--policy_head=flow", "--action_chunk=2", *FAST_BC]
@@ -165,6 +168,7 @@ def test_a_flow_head_clones_chunks_of_two_and_evaluates(demo_file, train_dir):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_sigterm_stops_cloning_after_a_whole_step_and_saves_what_it_learned(demo_file, tmp_path):
     command = [sys.executable, "-m", "sfengine.pretrain", f"--demos={demo_file}", f"--train_dir={tmp_path}"]
     command += ["--experiment=stopped", "--pretrain_epochs=1000000", "--pretrain_batch_size=32"]

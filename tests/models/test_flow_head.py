@@ -56,6 +56,7 @@ def test_flow_matching_loss_is_zero_for_the_ideal_field_and_positive_otherwise()
     assert torch.allclose(flow_matching_loss(off, torch.zeros(6, 3), actions, t, noise), torch.full((6,), 0.02))
 
 
+@pytest.mark.slow
 def test_behavioural_cloning_learns_a_two_mode_action_distribution_from_demonstrations():
     # State 0: half the demonstrations at (0.5, 0.5), half at (-0.5, -0.5) (std 0.05); state 1: (0.5, -0.5) (std 0.1).
     # A Gaussian head fits state 0 with one wide mode at the origin; the flow head must reproduce both modes.

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from helpers import run_train
@@ -23,6 +24,7 @@ def readme_example() -> str:
     return example
 
 
+@pytest.mark.slow
 def test_the_readme_example_trains_its_own_model(tmp_path, train_dir):
     script = tmp_path / "train_layernorm.py"
     script.write_text(readme_example())
@@ -38,6 +40,7 @@ def test_the_readme_example_trains_its_own_model(tmp_path, train_dir):
     assert not torch.equal(saved["model"]["encoders.obs.1.weight"], torch.ones(64))
 
 
+@pytest.mark.slow
 def test_an_unregistered_model_is_a_one_line_error(train_dir):
     result = run_train(train_dir, "unknown", "--model=no_such_model", "--env=CartPole-v1")
     assert result.returncode == 2
@@ -77,6 +80,7 @@ ALWAYS_LEFT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_registered_model_acts_with_its_own_sample_under_the_default_options(tmp_path, train_dir):
     # The numpy policy computes the built-in ActorCritic: a subclass's sample would be skipped there, and the
     # samples would come from a policy other than the one PPO trains.

@@ -81,6 +81,7 @@ def chunk_reward(actions: np.ndarray, steps: int) -> float:
 
 
 @pytest.mark.parametrize("env", ["chunk_probe", "chunk_probe_truncated"])
+@pytest.mark.slow
 def test_chunks_reach_the_env_in_order_episodes_end_inside_them_and_env_steps_count_their_steps(
     tmp_path, train_dir, env
 ):
