@@ -417,7 +417,8 @@ def make_libero_env(suite: str, ctx: EnvContext) -> gym.Env:
         image_size=options.libero_image_size,
         reward_coef=options.libero_reward_coef,
         max_episode_steps=ctx.max_episode_steps,
-        sim_cache=max(options.libero_sim_cache, 1),
+        # The probe env is built before sizing chooses an auto cache: one simulator is all it needs.
+        sim_cache=1 if options.libero_sim_cache is AUTO else options.libero_sim_cache,
         render_size=ctx.render_size,
         fast_step=options.libero_fast_step,
     )

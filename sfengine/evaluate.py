@@ -22,12 +22,23 @@ import argparse
 import datetime
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from sfengine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from sfengine.config import AUTO, Config, ConfigError, auto_capable_options, build_parser, parse_config
+from sfengine.config import (
+    AUTO,
+    Config,
+    ConfigError,
+    add_command_options,
+    auto_capable_options,
+    build_parser,
+    command_options,
+    option,
+    parse_config,
+)
 from sfengine.cpu_threads import set_cpu_threads
 from sfengine.distributed import RankInfo
 from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_env_factory
@@ -44,11 +55,37 @@ from sfengine.sizing import Machine, resolve_auto_options
 from sfengine.train import probe_env
 
 EVALUATE_HELP = (
-    "Evaluates a checkpoint (--checkpoint, or the latest of --experiment) with the options of the 'eval' group; "
-    "the run's saved config supplies the rest, and any option given here overrides it."
+    "Evaluates a checkpoint (--checkpoint, or the latest of --experiment) with the options of the 'evaluate' and "
+    "'eval' groups; the run's saved config supplies the rest, and any option given here overrides it."
 )
 SAMPLED_SUFFIX = "_sampled"  # the results folder of an evaluation with --eval_deterministic=false
 GATHER_TIMEOUT = datetime.timedelta(hours=12)  # ranks finish their shards at different times
+
+
+@dataclass
+class EvaluateOptions:
+    """sfengine.evaluate's own options (the ``evaluate`` group of its ``--help``); the ``eval`` group's, which the
+    training evaluator shares, and every other option come through the run's saved config."""
+
+    group = "evaluate"
+
+    checkpoint: str = option("", "the checkpoint file to evaluate (default: the experiment's latest)")
+    episodes_per_init: int = option(1, "multi-task envs: episodes of each (task, init state)")
+    eval_tasks: list[int] = option([], "multi-task envs: evaluate only these task indices (default: every task)")
+    eval_init_states: int = option(0, "multi-task envs: evaluate only each task's first N init states (0: all)")
+    video_per_task: int = option(0, "record this many episodes of each task as mp4")
+    video_size: int = option(256, "width and height of recorded videos in pixels (even)")
+
+    def validate(self) -> None:
+        if self.episodes_per_init < 1:
+            raise ConfigError(f"--episodes_per_init={self.episodes_per_init} must be at least 1")
+        if any(task < 0 for task in self.eval_tasks):
+            raise ConfigError(f"--eval_tasks={self.eval_tasks}: task indices start at 0")
+        for name in ("video_per_task", "eval_init_states"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name}={getattr(self, name)} must not be negative")
+        if self.video_size < 16 or self.video_size % 2:
+            raise ConfigError(f"--video_size={self.video_size}: give an even number of pixels, at least 16 (e.g. 256)")
 
 
 def locate_checkpoint(argv: list[str]) -> list[str]:
@@ -76,9 +113,9 @@ def relayout(cfg: Config, given: set[str]) -> None:
     cfg.env.tasks = []
 
 
-def resolve_checkpoint(cfg: Config) -> Path:
-    if cfg.eval.checkpoint:
-        path = Path(cfg.eval.checkpoint)
+def resolve_checkpoint(cfg: Config, options: EvaluateOptions) -> Path:
+    if options.checkpoint:
+        path = Path(options.checkpoint)
         if not path.is_file():
             raise CheckpointError(f"--checkpoint={path}: no such file")
         return path
@@ -105,9 +142,9 @@ def load_policy(cfg: Config, path: Path, obs_spec, action_spec) -> tuple[ActorCr
     return model, state
 
 
-def check_renderer(cfg: Config, factory: EnvFactory, tasks: TaskInfo | None) -> None:
+def check_renderer(cfg: Config, factory: EnvFactory, tasks: TaskInfo | None, video_size: int) -> None:
     """--video_per_task needs frames: build one env as the workers will, reset it, and render once."""
-    ctx = env_context(cfg, -1, 0, cfg.env.seed, cfg.eval.video_size)
+    ctx = env_context(cfg, -1, 0, cfg.env.seed, video_size)
     try:
         env = factory(ctx)
         try:
@@ -147,19 +184,20 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser("python -m sfengine.evaluate", __doc__.split("\n\n")[0] + " " + EVALUATE_HELP)
-        argv = locate_checkpoint(argv)
-        cfg = parse_config(argv, parser)
-        relayout(cfg, given=set(vars(parser.parse_args(argv))))
-        checkpoint = resolve_checkpoint(cfg)
+        add_command_options(parser, EvaluateOptions)
+        options, rest = command_options(EvaluateOptions, locate_checkpoint(argv))
+        cfg = parse_config(rest, parser)
+        relayout(cfg, given=set(vars(parser.parse_args(rest))))
+        checkpoint = resolve_checkpoint(cfg, options)
         factory = resolve_env_factory(cfg.env.env)
         obs_spec, action_spec, tasks = probe_env(cfg, factory)
-        if cfg.eval.video_per_task:
-            check_renderer(cfg, factory, tasks)
+        if options.video_per_task:
+            check_renderer(cfg, factory, tasks, options.video_size)
         machine = Machine.here(ranks.local_world_size)
         sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks, machine, evaluation=True)
         model, state = load_policy(cfg, checkpoint, obs_spec, action_spec)
         choose_inference_backend(cfg, model)
-        pairs = evaluated_init_states(tasks, cfg.eval.eval_tasks, cfg.eval.eval_init_states) if tasks else None
+        pairs = evaluated_init_states(tasks, options.eval_tasks, options.eval_init_states) if tasks else None
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"sfengine.evaluate: error: {exc}", file=sys.stderr)
         return 2
@@ -171,15 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         tasks,
         ranks.rank,
         ranks.world_size,
-        ev.episodes_per_init,
+        options.episodes_per_init,
         ev.eval_episodes,
-        ev.video_per_task,
-        ev.eval_tasks,
-        ev.eval_init_states,
+        options.video_per_task,
+        options.eval_tasks,
+        options.eval_init_states,
     )
     output = EvalOutput(
-        str(out_dir / "videos") if ev.video_per_task else None,
-        ev.video_size,
+        str(out_dir / "videos") if options.video_per_task else None,
+        options.video_size,
         cfg.env.env,
         tasks.task_names if tasks else [],
     )
@@ -187,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if ranks.rank == 0:
         what = (
             f"{sum(1 for count in pairs if count)} tasks, {sum(pairs)} (task, init state) pairs x "
-            f"{ev.episodes_per_init}"
+            f"{options.episodes_per_init}"
             if tasks
             else f"{ev.eval_episodes} episodes (seeds 0..{ev.eval_episodes - 1})"
         )
@@ -213,14 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     report = EvalReport(
         finished, tasks.task_names if tasks else None, tasks.instructions if tasks else None, cfg.env.env
     )
-    expected = sum(pairs) * ev.episodes_per_init if tasks else ev.eval_episodes
+    expected = sum(pairs) * options.episodes_per_init if tasks else ev.eval_episodes
     settings = {
         "checkpoint": str(checkpoint),
         "env": cfg.env.env,
         "policy_version": int(state["policy_version"]),
         "env_steps": int(state["env_steps"]),
         "deterministic": ev.eval_deterministic,
-        "episodes_per_init": ev.episodes_per_init if tasks else None,
+        "episodes_per_init": options.episodes_per_init if tasks else None,
         "expected_episodes": expected,
         "complete": error is None and len(finished) == expected,
         "world_size": ranks.world_size,

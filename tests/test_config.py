@@ -243,10 +243,26 @@ def test_each_clip_mode_brings_its_own_target_kl_unless_the_run_sets_one(tmp_pat
 
     assert target_kl() == 0.0  # ppo_clip's clip is its trust region
     for mode in ("soft_clip", "sapo", "ce_gppo", "cispo"):
-        assert target_kl(f"--clip_mode={mode}") == 0.02
+        assert target_kl(f"--clip_mode={mode}") == 0.01
     assert target_kl("--clip_mode=cispo", "--target_kl=0") == 0.0  # set by the run: kept, even to off
     assert target_kl("--clip_mode=sapo", "--target_kl=0.05") == 0.05
     saved = parse_config(["--cfg=cartpole", "--clip_mode=cispo", "--target_kl=0", f"--train_dir={tmp_path}"])
     saved.experiment_dir.mkdir(parents=True)
     save_config(saved, saved.experiment_dir / "config.json")
     assert target_kl("--clip_mode=cispo") == 0.0  # a resumed run keeps its saved setting
+
+
+def test_evaluate_only_options_leave_the_training_command_and_old_saved_runs_resume_quietly(tmp_path, capsys):
+    from sfengine.config import build_parser
+
+    train_help = build_parser().format_help()
+    for name in ("--checkpoint", "--video_per_task", "--episodes_per_init", "--eval_tasks", "--video_size"):
+        assert f"{name} " not in train_help, name  # sfengine.evaluate's own (its --help's evaluate group)
+    with pytest.raises(ConfigError):
+        parse_config(["--video_per_task=1"])
+    old = Config().to_dict()
+    old["eval"].update(checkpoint="", video_per_task=0, video_size=256, episodes_per_init=1, eval_tasks=[])
+    (tmp_path / "default_experiment").mkdir()
+    (tmp_path / "default_experiment" / "config.json").write_text(json.dumps(old))
+    parse_config([f"--train_dir={tmp_path}"])
+    assert "ignoring" not in capsys.readouterr().err

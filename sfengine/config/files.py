@@ -113,6 +113,11 @@ def init_from_model_options(source: str, train_dir: str) -> tuple[dict[str, Any]
     return {name: flat[name] for name in ARCHITECTURE_OPTIONS if name in flat}, f"{saved} (--init_from's run)"
 
 
+# Options saved in every run's config.json until 2026-11-26, then moved to sfengine.evaluate's own group: a run
+# does not keep them (an evaluation takes them from its command line).
+COMMAND_OPTIONS = ("checkpoint", "episodes_per_init", "eval_tasks", "eval_init_states", "video_per_task", "video_size")
+
+
 def load_saved_config(path: Path) -> dict[str, Any]:
     try:
         nested = json.loads(path.read_text())
@@ -124,6 +129,8 @@ def load_saved_config(path: Path) -> dict[str, Any]:
     # An option this version no longer has (written by an older or a trial version) cannot change what the run
     # does now: it is named and left out, where a user's preset or command line with it is an error.
     table = option_table()
+    for name in COMMAND_OPTIONS:
+        flat.pop(name, None)  # saved before they moved to their command's own options: nothing to warn about
     retired = sorted(name for name in flat if name not in table)
     if retired:
         print(f"{path}: ignoring {', '.join(retired)}, which this version of sfengine does not have", file=sys.stderr)

@@ -89,7 +89,7 @@ class LearnerConfig:
         0.0,
         "end an update early, before its next minibatch step, once a step's approximate KL from the acting policy "
         "passed 1.5 x this (the ranks' mean), as CleanRL and SB3 do: no batch moves the policy far; 0: off. Unset, "
-        "--algo=ppo takes its --clip_mode's: off for ppo_clip, 0.02 for soft_clip, sapo, ce_gppo and cispo",
+        "--algo=ppo takes its --clip_mode's: off for ppo_clip, 0.01 for soft_clip, sapo, ce_gppo and cispo",
     )
     max_grad_norm: float = option(4.0, "gradient norm clip (0: off)")
     normalize_advantage: bool = option(True, "normalise advantages per minibatch")
@@ -215,16 +215,8 @@ class RunConfig:
 
 @dataclass
 class EvalConfig:
-    checkpoint: str = option(
-        "", "sfengine.evaluate: the checkpoint file to evaluate (default: the experiment's latest)"
-    )
     eval_episodes: int = option(10, "single-task envs: episodes per evaluation, with seeds 0..N-1")
-    episodes_per_init: int = option(1, "multi-task envs: episodes of each (task, init state) per evaluation")
-    eval_tasks: list[int] = option([], "multi-task envs: evaluate only these task indices (default: every task)")
-    eval_init_states: int = option(0, "multi-task envs: evaluate only each task's first N init states (0: all)")
     eval_deterministic: bool = option(True, "evaluate with the action distribution's mode; False: sample actions")
-    video_per_task: int = option(0, "sfengine.evaluate: record this many episodes of each task as mp4")
-    video_size: int = option(256, "width and height of recorded videos in pixels (even)")
     eval_every_env_steps: int = option(
         0, "training: evaluate the current weights every this many env steps, in a separate process (0: off)"
     )

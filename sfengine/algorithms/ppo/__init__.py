@@ -78,7 +78,7 @@ def validate_policy_loss(policy: PPOOptions) -> None:
 
 
 def defaults(cfg: Config, given: set[str]) -> None:
-    """A clip mode's own trust region: its --target_kl, unless the run sets one."""
+    """A clip mode's own trust region: its --target_kl (``register_surrogate``), unless the run sets one."""
     if "target_kl" not in given:
         cfg.learner.target_kl = SURROGATE_TARGET_KL.get(ppo_options(cfg).clip_mode, 0.0)
 
