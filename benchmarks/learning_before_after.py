@@ -148,6 +148,11 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--baseline_ref", default="6b90fd2", help="the 'before' git revision")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/learning_before_after"))
+    parser.add_argument(
+        "--reuse_before",
+        action="store_true",
+        help="take the 'before' runs from <out> (a fixed revision's runs stay valid) and train only the tree's",
+    )
     args = parser.parse_args()
     presets, seeds = args.presets.split(","), [int(s) for s in args.seeds.split(",")]
     head = subprocess.run(
@@ -159,10 +164,14 @@ def main() -> None:
     started = time.monotonic()
     runs: dict[str, list[dict]] = {preset: [] for preset in presets}
     with contextlib.ExitStack() as stack:
-        source = stack.enter_context(checkout_of(args.baseline_ref))
+        source = None if args.reuse_before else stack.enter_context(checkout_of(args.baseline_ref))
         for preset in presets:
             for seed in seeds:
                 for side, revision, src in (("before", args.baseline_ref, source), ("after", "working_tree", None)):
+                    saved = args.out / preset / f"{side}_seed{seed}.json"
+                    if side == "before" and args.reuse_before:
+                        runs[preset].append(json.loads(saved.read_text()))
+                        continue
                     run = train(preset, seed, revision, src, side)
                     write_json(args.out / preset / f"{side}_seed{seed}.json", run)
                     runs[preset].append(run)
