@@ -158,8 +158,9 @@ def test_flow_sar_raises_the_success_rate_of_a_sparse_reach_policy(train_dir):
     # sparse_reach: reward 1 on success (which ends the episode), 40-step episodes. The untrained flow policy (its
     # chunks are close to N(0, I) noise) succeeds 0.2-0.33 of the time at the first report; with these settings
     # seeds 1-3 reached 0.85-0.89 by 34-46k steps (then wandered between 0.57 and 0.98), the default seed 0.68 by
-    # 80k. Asserted: 0.6 within 100k.
-    args = ["--cfg=flow_sar", "--env=sparse_reach", "--train_for_env_steps=100000", "--stop_at_success=0.6"]
+    # 80k. In a fresh clone's whole suite (2026-11-26) the default seed, with the lag of a loaded machine, was at
+    # 0.47 at 100k and still rising, where alone it passes in 6 of 6 runs. Asserted: 0.6 within 150k.
+    args = ["--cfg=flow_sar", "--env=sparse_reach", "--train_for_env_steps=150000", "--stop_at_success=0.6"]
     result = run_train(train_dir, "reach", *args)  # the from-scratch preset
     assert result.returncode == 0, result.stderr[-3000:]
     success = [p.value for p in read_scalars(train_dir / "reach")["episodes/success_rate"]]
