@@ -120,11 +120,6 @@ class Config:
         return algorithm_for(self).needs_critic(self)
 
     @property
-    def critic_free(self) -> bool:
-        """``not needs_critic``, the name model factories written before algorithms were registered use."""
-        return not self.needs_critic
-
-    @property
     def experiment_dir(self) -> Path:
         return Path(self.run.train_dir) / self.run.experiment
 
