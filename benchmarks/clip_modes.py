@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from benchmarks.peer_record import write_json
-from sfengine.events import read_scalars
+from sfengine.reporting.events import read_scalars
 
 RETURN_TAG = "episodes/episode_return_mean"
 COLORS = {

@@ -24,12 +24,12 @@ import numpy as np
 import torch
 
 from sfengine.algorithms.ppo.trainer import PPOTrainer
-from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, parse_config
-from sfengine.env_registry import env_context, resolve_env_factory
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.env.registry import env_context, resolve_env_factory
+from sfengine.env.spaces import action_spec_from_space, obs_as_dict, obs_spec_from_space
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.seeding import rollout_env_seed
-from sfengine.spaces import action_spec_from_space, obs_as_dict, obs_spec_from_space
+from sfengine.tasks.seeding import rollout_env_seed
 
 
 def make_env(cfg: Config, index: int) -> gym.Env:

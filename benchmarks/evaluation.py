@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sfengine.checkpoint import load_checkpoint, save_checkpoint
 from sfengine.config import parse_config, save_config
-from sfengine.env_registry import env_context, resolve_env_factory
+from sfengine.engine.checkpoint import load_checkpoint, save_checkpoint
+from sfengine.env.registry import env_context, resolve_env_factory
+from sfengine.env.spaces import obs_as_dict
 from sfengine.evaluation.episode_queue import evaluated_init_states
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.spaces import obs_as_dict
 from sfengine.train import build_model, probe_env
 
 

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from sfengine.algo.flow_sar import self_annotate
+from sfengine.algorithms.flow_sar.sar import self_annotate
 from sfengine.config import parse_config
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.spaces import ActionSpec, ObsSpec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HEADS = {"gaussian": [], "flow": ["--algo=flow_sar", "--policy_head=flow", "--group_outcome=success"]}

@@ -44,12 +44,12 @@ from pathlib import Path
 import torch
 
 from sfengine.algorithms import algorithm_for
-from sfengine.buffers import SharedWeights, TrajectoryBuffers
 from sfengine.config import parse_config
-from sfengine.cpu_threads import set_cpu_threads
+from sfengine.engine.buffers import SharedWeights, TrajectoryBuffers
+from sfengine.engine.cpu_threads import set_cpu_threads
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.learning.group_batcher import GroupBatch
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.spaces import ActionSpec, ObsSpec
 
 SECTIONS = ("tests", "learner", "inference", "publish", "libero")
 ACTION_DIM = 7

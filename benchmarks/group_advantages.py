@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from benchmarks.peer_record import write_json
-from sfengine.events import read_scalars
 from sfengine.plot import Series, plot_metrics
+from sfengine.reporting.events import read_scalars
 
 GROUP = ["--task_group_size=8", "--group_outcome=success"]
 VARIANTS = {

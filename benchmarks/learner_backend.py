@@ -27,11 +27,11 @@ import torch
 from benchmarks.learning import SFENGINE_PRESETS, run_sfengine
 from benchmarks.peer_record import write_json
 from sfengine.algorithms.ppo.trainer import PPOTrainer
-from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import parse_config
-from sfengine.cpu_threads import set_cpu_threads
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.engine.cpu_threads import set_cpu_threads
+from sfengine.env.spaces import action_spec_from_space, obs_spec_from_space
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.spaces import action_spec_from_space, obs_spec_from_space
 
 BACKENDS = ("torch", "numpy")
 # The step part also times torch with the model's forward and backward compiled (torch.compile, inductor), the

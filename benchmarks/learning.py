@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from benchmarks.peer_record import write_json
-from sfengine.events import read_scalars
 from sfengine.plot import Series, plot_metrics
+from sfengine.reporting.events import read_scalars
 
 PEERS = {"sb3": "benchmarks.peer_sb3", "cleanrl": "benchmarks.peer_cleanrl"}
 # CleanRL's published ppo_continuous_action returns at 1M steps (3 seeds, MuJoCo v4): the bar.

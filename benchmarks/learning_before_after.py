@@ -31,8 +31,8 @@ from pathlib import Path
 
 from benchmarks.peer_record import write_json
 from benchmarks.throughput import PACKAGE_LINKS, checkout_of
-from sfengine.events import read_scalars
 from sfengine.plot import Series, plot_metrics
+from sfengine.reporting.events import read_scalars
 
 RETURN_TAG = "episodes/episode_return_mean"
 COLORS = {"before": "tab:blue", "after": "tab:orange"}

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from sfengine.evaluate import SAMPLED_SUFFIX
-from sfengine.events import read_scalars
+from sfengine.reporting.events import read_scalars
 
 RESULTS = Path(__file__).parent / "results" / "libero_finetune"
 SUCCESS_TAG = "episodes/success_rate"

@@ -195,7 +195,7 @@ if _DIR:
 
 def engine_imports() -> None:
     """What a spawned rollout worker imports before its envs: the main module (sfengine.train) and the runner."""
-    import sfengine.runner  # noqa: F401
+    import sfengine.engine.runner  # noqa: F401
     import sfengine.train  # noqa: F401
 
 
@@ -228,8 +228,8 @@ def child_imports_libero_only(env: str) -> dict:
 
 def make_envs(env: str, n: int, sim_cache: int, extra_args: list[str]) -> list:
     """N envs from the engine's own factory, configured from a flat command line as a rollout worker receives it."""
-    from sfengine import env_registry
     from sfengine.config import parse_config
+    from sfengine.env import registry as env_registry
 
     cfg = parse_config([f"--env={env}", f"--libero_sim_cache={sim_cache}", *extra_args])
     factory = env_registry.resolve_env_factory(env)

@@ -31,7 +31,7 @@ import gymnasium as gym
 import numpy as np
 
 from benchmarks.throughput import RESULTS, run_engine
-from sfengine.env_registry import EnvContext, register_env
+from sfengine.env.registry import EnvContext, register_env
 from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS, MultiTaskToyEnv
 
 SAMPLER = ["--num_workers=2", "--num_envs_per_worker=8", "--worker_num_splits=2", "--batch_size=1024"]

@@ -74,11 +74,11 @@ import psutil
 from benchmarks.compare_sample_factory import run_sample_factory
 from benchmarks.process_tree import run_and_measure
 from sfengine.config import Config, ConfigError, auto_options, parse_config
-from sfengine.env_registry import env_context, env_sizer, resolve_env_factory
-from sfengine.multitask import selected_init_states, task_info
-from sfengine.scheduler import TaskSchedule, shard_pairs
-from sfengine.seeding import rollout_env_seed
-from sfengine.sizing import resolve_auto_options
+from sfengine.engine.sizing import resolve_auto_options
+from sfengine.env.multitask import selected_init_states, task_info
+from sfengine.env.registry import env_context, env_sizer, resolve_env_factory
+from sfengine.tasks.scheduler import TaskSchedule, shard_pairs
+from sfengine.tasks.seeding import rollout_env_seed
 from sfengine.train import probe_env
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -87,7 +87,7 @@ SAMPLE_EVERY_SEC = 0.5
 PSS_EVERY_SEC = 10.0  # proportional memory walks every page table: sampled less often, so it costs no throughput
 ACTION_RING = 1024  # pre-drawn random actions per env, cycled
 STATUS_LINE = re.compile(r"^\[\s*([\d.]+)s\] steps\s+([\d,]+)")
-ENGINE_ENV_PROCESS = "sfe-rollout-"  # the title sfengine.event_loop gives rollout worker processes
+ENGINE_ENV_PROCESS = "sfe-rollout-"  # the title sfengine.engine.event_loop gives rollout worker processes
 
 
 def pss_bytes(pid: int) -> int:

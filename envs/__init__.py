@@ -19,7 +19,7 @@ reach one heads for the goal, LIBERO's picks and places (``libero_demonstrator``
 
 from functools import partial
 
-from sfengine.env_registry import register_env
+from sfengine.env.registry import register_env
 from sfengine_envs.chunk_probe import make_chunk_probe, make_chunk_probe_truncated
 from sfengine_envs.image_bandit import make_image_bandit
 from sfengine_envs.libero_demonstrator import PickPlaceDemonstrator

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from sfengine.env_registry import EnvContext
+from sfengine.env.registry import EnvContext
 
 EPISODE_STEPS = 6
 

@@ -2,7 +2,7 @@
 ``libero_10`` and ``libero_90``.
 
 One env plays any task of its suite. ``reset(options={"task": t, "init_state": i})`` follows the
-multi-task contract of ``sfengine.multitask``:
+multi-task contract of ``sfengine.env.multitask``:
 
     simulator of task t (kept from an earlier episode, or built: 1-2 s)
     -> soft reset (about 30 ms) -> set_init_state(init_states[t][i]) -> ``settle_steps`` no-op steps, gripper open
@@ -48,11 +48,11 @@ import gymnasium as gym
 import numpy as np
 
 from sfengine.config import AUTO, Config, ConfigError, option
-from sfengine.distributed import RankInfo
-from sfengine.env_registry import EnvContext
-from sfengine.multitask import TaskInfo, selected_init_states
-from sfengine.scheduler import shard_pairs
-from sfengine.sizing import Machine
+from sfengine.engine.distributed import RankInfo
+from sfengine.engine.sizing import Machine
+from sfengine.env.multitask import TaskInfo, selected_init_states
+from sfengine.env.registry import EnvContext
+from sfengine.tasks.scheduler import shard_pairs
 
 # Step limits commonly used with each suite.
 SUITE_STEP_LIMITS = {

@@ -3,7 +3,7 @@
 ``NUM_TASKS`` tasks with ``NUM_INIT_STATES`` init states each. The observation is the one-hot task id plus the
 init state's index (scaled); the right action at every step is ``(task + init_state) % 2``; an episode lasts
 ``EPISODE_STEPS`` steps and succeeds when every action was right. ``reset(options={"task": t, "init_state": i})``
-follows the multi-task contract of ``sfengine.multitask``; the assignment is echoed in the reset info.
+follows the multi-task contract of ``sfengine.env.multitask``; the assignment is echoed in the reset info.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from sfengine.env_registry import EnvContext
+from sfengine.env.registry import EnvContext
 
 NUM_TASKS = 4
 NUM_INIT_STATES = 5

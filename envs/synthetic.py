@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from sfengine.config import ConfigError, option
-from sfengine.env_registry import EnvContext
+from sfengine.env.registry import EnvContext
 
 NUM_ACTIONS = 4
 NUM_PRECOMPUTED = 64  # distinct observations, cycled: drawing fresh ones would add a cost of its own

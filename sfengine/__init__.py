@@ -5,7 +5,7 @@ Public entry points: ``python -m sfengine.train``, ``sfengine.register_env``, ``
 """
 
 from sfengine.algorithms import Algorithm, register_algorithm
-from sfengine.env_registry import EnvContext, register_env
+from sfengine.env.registry import EnvContext, register_env
 from sfengine.learning.trainer import Trainer
 from sfengine.models.actor_critic import ActorCritic, register_model
 

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from sfengine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from sfengine.config import (
     AUTO,
     Config,
@@ -39,19 +38,20 @@ from sfengine.config import (
     option,
     parse_config,
 )
-from sfengine.cpu_threads import set_cpu_threads
-from sfengine.distributed import RankInfo
-from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_env_factory
+from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from sfengine.engine.cpu_threads import set_cpu_threads
+from sfengine.engine.distributed import RankInfo
+from sfengine.engine.event_loop import configure_logging
+from sfengine.engine.messages import EpisodeStats
+from sfengine.engine.sizing import Machine, resolve_auto_options
+from sfengine.env.multitask import TaskInfo
+from sfengine.env.registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.evaluation.episode_queue import evaluated_init_states, evaluation_episodes
 from sfengine.evaluation.evaluator import run_evaluation
 from sfengine.evaluation.report import EvalReport
 from sfengine.evaluation.video import EvalOutput
-from sfengine.event_loop import configure_logging
-from sfengine.messages import EpisodeStats
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.multitask import TaskInfo
 from sfengine.numpy_backend.policy import choose_inference_backend
-from sfengine.sizing import Machine, resolve_auto_options
 from sfengine.train import probe_env
 
 EVALUATE_HELP = (

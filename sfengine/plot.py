@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from sfengine.events import read_scalars
+from sfengine.reporting.events import read_scalars
 
 # Row label -> TensorBoard tag, in the order the rows are drawn.
 METRICS = {

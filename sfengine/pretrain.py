@@ -30,7 +30,6 @@ from typing import Any, ClassVar
 import torch
 from tensorboardX import SummaryWriter
 
-from sfengine.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
 from sfengine.config import (
     GROUP_OWNERS,
     Config,
@@ -43,11 +42,14 @@ from sfengine.config import (
     option_table,
     parse_config,
 )
-from sfengine.cpu_threads import set_cpu_threads
 from sfengine.demos.dataset import DemoSet, read_demos
-from sfengine.distributed import RankInfo, rank_device
-from sfengine.env_registry import resolve_env_factory
-from sfengine.event_loop import configure_logging
+from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
+from sfengine.engine.cpu_threads import set_cpu_threads
+from sfengine.engine.distributed import RankInfo, rank_device
+from sfengine.engine.event_loop import configure_logging
+from sfengine.engine.lifecycle import StopSignals
+from sfengine.env.registry import resolve_env_factory
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.learning.behavior_cloning import (
     demo_samples,
     fit_action_std,
@@ -55,9 +57,7 @@ from sfengine.learning.behavior_cloning import (
     train_epoch,
     validation_loss,
 )
-from sfengine.lifecycle import StopSignals
-from sfengine.progress import format_duration
-from sfengine.spaces import ActionSpec, ObsSpec
+from sfengine.reporting.progress import format_duration
 from sfengine.train import build_model, prepare_experiment_dir, probe_env
 
 OBS_MODE_OPTION = "libero_obs_mode"  # the env option a demonstration file's obs_mode sets

@@ -16,18 +16,18 @@ from pathlib import Path
 import torch
 
 from sfengine.algorithms import algorithm_for
-from sfengine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest_checkpoint
 from sfengine.config import Config, ConfigError, check_group_layout, env_defaults_preset, parse_config, save_config
-from sfengine.distributed import RankInfo
-from sfengine.env_registry import EnvFactory, env_context, env_sizer, resolve_env_factory
-from sfengine.event_loop import configure_logging
+from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest_checkpoint
+from sfengine.engine.distributed import RankInfo
+from sfengine.engine.event_loop import configure_logging
+from sfengine.engine.sizing import Machine, resolve_auto_options
+from sfengine.env.multitask import TaskInfo, selected_init_states, task_info
+from sfengine.env.registry import EnvFactory, env_context, env_sizer, resolve_env_factory
+from sfengine.env.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.multitask import TaskInfo, selected_init_states, task_info
 from sfengine.numpy_backend.policy import choose_inference_backend
 from sfengine.numpy_backend.step import choose_learner_backend
-from sfengine.progress import start_block
-from sfengine.sizing import Machine, resolve_auto_options
-from sfengine.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space
+from sfengine.reporting.progress import start_block
 
 log = logging.getLogger("sfengine")
 
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return 0  # nothing to train: starting the workers would only wait for a batch the learner may not take
-    from sfengine.wiring import run
+    from sfengine.engine.wiring import run
 
     if ranks.rank == 0:
         print(start_block(cfg, resume_state["env_steps"] if resume_state else 0, ranks.world_size), flush=True)

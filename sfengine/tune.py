@@ -29,8 +29,8 @@ from pathlib import Path
 import psutil
 
 from sfengine.config import ConfigError, parse_config, shipped_presets
-from sfengine.env_registry import env_context, resolve_env_factory
-from sfengine.sizing import Machine
+from sfengine.engine.sizing import Machine
+from sfengine.env.registry import env_context, resolve_env_factory
 
 WORKER_PROCESS_GB = 0.35  # a rollout worker process before its envs: Python, torch, the engine
 MEMORY_HEADROOM = 0.85

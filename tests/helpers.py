@@ -20,8 +20,8 @@ import pytest
 
 from sfengine.config import Config
 from sfengine.demos.dataset import Demo, DemoSet
-from sfengine.env_registry import env_context, resolve_env_factory
-from sfengine.scheduler import Assignment
+from sfengine.env.registry import env_context, resolve_env_factory
+from sfengine.tasks.scheduler import Assignment
 from sfengine_envs.sparse_reach import ReachDemonstrator, SparseReachEnv
 
 FAST = ["--env=CartPole-v1", "--num_workers=2", "--num_envs_per_worker=4", "--worker_num_splits=2"]

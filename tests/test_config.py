@@ -8,7 +8,7 @@ import pytest
 
 from helpers import run_train
 from sfengine.config import Config, ConfigError, option, parse_config, save_config
-from sfengine.env_registry import make_gymnasium_env, register_env
+from sfengine.env.registry import make_gymnasium_env, register_env
 
 
 def test_preset_overrides_defaults_and_command_line_overrides_preset(tmp_path):

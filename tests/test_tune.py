@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from sfengine.config import parse_config
-from sfengine.sizing import Machine
+from sfengine.engine.sizing import Machine
 
 
 @pytest.mark.slow

@@ -82,7 +82,7 @@ class Algorithm:
                 action_spec,
                 annotated=self.annotate is not None,
             )
-        from sfengine.buffers import TrajectoryBuffers
+        from sfengine.engine.buffers import TrajectoryBuffers
 
         return TrajectoryBuffers.allocate(
             cfg.trajectories_per_training_batch, cfg.sampler.rollout, obs_spec, action_spec, shared=False

@@ -42,7 +42,6 @@ from sfengine.config.files import (
 )
 from sfengine.config.groups import (
     GROUPS,
-    PUBLISHED,
     DebugConfig,
     EnvConfig,
     EvalConfig,
@@ -69,7 +68,6 @@ __all__ = [
     "GROUPS",
     "GROUP_OWNERS",
     "PRESET_DIR",
-    "PUBLISHED",
     "TRAIN_DESCRIPTION",
     "Config",
     "DebugConfig",

@@ -6,10 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sfengine.algo.surrogates import SurrogateParams
 from sfengine.config.options import option
-
-PUBLISHED = SurrogateParams()  # the clip modes' published parameters
 
 
 @dataclass

@@ -14,7 +14,7 @@ class ConfigError(ValueError):
 
 
 class Auto:
-    """The value of an option given as ``auto`` until ``sfengine.sizing`` chooses it from the machine: a marker of
+    """The value of an option given as ``auto`` until ``sfengine.engine.sizing`` chooses it from the machine: a marker of
     its own type, which no number equals and no arithmetic takes (one copy, also across processes)."""
 
     _one: Auto | None = None
@@ -36,7 +36,7 @@ AUTO = Auto()
 
 def option(default: Any, help: str, choices: tuple | None = None, auto: bool = False) -> Any:
     """Declare one option: its default and its one line of help (the type comes from the annotation). With
-    ``auto``, the option also takes the value ``auto``: chosen at start from the machine (``sfengine.sizing``)."""
+    ``auto``, the option also takes the value ``auto``: chosen at start from the machine (``sfengine.engine.sizing``)."""
     metadata = {"help": help, "choices": choices, "auto": auto}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)

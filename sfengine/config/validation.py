@@ -13,7 +13,7 @@ from sfengine.config.options import ConfigError
 
 def validate(cfg: Config) -> None:
     """Reject inconsistent or impossible settings with a one-line message naming the fix. Options still at
-    ``auto`` are checked once ``sfengine.sizing`` has chosen them."""
+    ``auto`` are checked once ``sfengine.engine.sizing`` has chosen them."""
     auto = set(auto_options(cfg))
     for group in cfg.groups_in_use().values():
         for f in dataclasses.fields(group):

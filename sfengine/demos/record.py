@@ -43,12 +43,12 @@ from sfengine.config import (
     parse_config,
 )
 from sfengine.demos.dataset import Demo, DemoWriter, read_demos
-from sfengine.env_registry import env_context, env_demonstrator, env_sizer, resolve_env_factory
-from sfengine.event_loop import die_with_parent
-from sfengine.lifecycle import StopSignals
-from sfengine.multitask import TaskInfo
-from sfengine.sizing import Machine, resolve_auto_options
-from sfengine.spaces import obs_as_dict
+from sfengine.engine.event_loop import die_with_parent
+from sfengine.engine.lifecycle import StopSignals
+from sfengine.engine.sizing import Machine, resolve_auto_options
+from sfengine.env.multitask import TaskInfo
+from sfengine.env.registry import env_context, env_demonstrator, env_sizer, resolve_env_factory
+from sfengine.env.spaces import obs_as_dict
 from sfengine.train import probe_env
 
 DEMOS_HELP = (

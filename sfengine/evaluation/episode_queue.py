@@ -6,7 +6,7 @@
 
 Envs keep to one task while it has episodes left (``SharedEpisodeQueue``), so a LIBERO env builds a task's
 simulator about once, where a round-robin order would switch simulators at every episode. Under torchrun each
-rank takes its shard (``sfengine.scheduler.shard_pairs``; single-task seeds are dealt round-robin).
+rank takes its shard (``sfengine.tasks.scheduler.shard_pairs``; single-task seeds are dealt round-robin).
 
 A draw moves a shared cursor under an uncontended lock (``ProcessLock``), once per episode, so however many
 workers, envs and splits draw, every episode of the set is run exactly once.
@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 import torch
 
-from sfengine.multitask import TaskInfo, selected_init_states
-from sfengine.process_lock import ProcessLock
-from sfengine.scheduler import shard_pairs
+from sfengine.engine.process_lock import ProcessLock
+from sfengine.env.multitask import TaskInfo, selected_init_states
+from sfengine.tasks.scheduler import shard_pairs
 
 SINGLE_TASK = -1
 

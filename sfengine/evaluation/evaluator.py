@@ -19,25 +19,25 @@ import time
 
 from signal_slot.signal_slot import signal
 
-from sfengine.buffers import SharedBuffers, SharedWeights
 from sfengine.config import Config
-from sfengine.env_registry import EnvFactory
-from sfengine.evaluation.episode_queue import EvalEpisode, SharedEpisodeQueue
-from sfengine.evaluation.video import EvalOutput
-from sfengine.event_loop import Component, EngineEventLoop, EngineProcess
-from sfengine.hang_watch import HangWatch
-from sfengine.inference.inference_worker import InferenceWorker, connect_inference
-from sfengine.inference.policy_actor import own_policy
-from sfengine.lifecycle import (
+from sfengine.engine.buffers import SharedBuffers, SharedWeights
+from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess
+from sfengine.engine.hang_watch import HangWatch
+from sfengine.engine.lifecycle import (
     STOP_TIMEOUT_SEC,
     component_loops,
     run_until_stopped,
     start_watch_and_status_timers,
     terminate_processes,
 )
-from sfengine.messages import EpisodeStats, WorkerReport
+from sfengine.engine.messages import EpisodeStats, WorkerReport
+from sfengine.env.registry import EnvFactory
+from sfengine.env.spaces import ActionSpec, ObsSpec
+from sfengine.evaluation.episode_queue import EvalEpisode, SharedEpisodeQueue
+from sfengine.evaluation.video import EvalOutput
+from sfengine.inference.inference_worker import InferenceWorker, connect_inference
+from sfengine.inference.policy_actor import own_policy
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.spaces import ActionSpec, ObsSpec
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from sfengine.engine.messages import EpisodeStats
 from sfengine.evaluation.episode_queue import SINGLE_TASK
-from sfengine.messages import EpisodeStats
 
 Z_95 = 1.959964
 

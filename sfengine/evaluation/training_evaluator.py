@@ -23,19 +23,19 @@ import numpy as np
 import torch
 from signal_slot.signal_slot import Timer, signal
 
-from sfengine.buffers import SharedWeights
 from sfengine.config import Config
-from sfengine.cpu_threads import set_cpu_threads
-from sfengine.env_registry import EnvFactory, env_context
+from sfengine.engine.buffers import SharedWeights
+from sfengine.engine.cpu_threads import set_cpu_threads
+from sfengine.engine.event_loop import Component, stop_own_loop
+from sfengine.engine.lifecycle import STOP_TIMEOUT_SEC, terminate_processes
+from sfengine.engine.messages import EvalResult, EvaluatorReport
+from sfengine.env.multitask import TaskInfo
+from sfengine.env.registry import EnvFactory, env_context
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.evaluation.episode_queue import training_evaluation_episodes
-from sfengine.event_loop import Component, stop_own_loop
-from sfengine.lifecycle import STOP_TIMEOUT_SEC, terminate_processes
-from sfengine.messages import EvalResult, EvaluatorReport
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.multitask import TaskInfo
 from sfengine.rollout.env_group import EnvGroup, ListSource
-from sfengine.seeding import evaluator_env_seed
-from sfengine.spaces import ActionSpec, ObsSpec
+from sfengine.tasks.seeding import evaluator_env_seed
 
 log = logging.getLogger(__name__)
 

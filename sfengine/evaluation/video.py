@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sfengine.engine.messages import EpisodeStats
 from sfengine.evaluation.episode_queue import SINGLE_TASK
-from sfengine.messages import EpisodeStats
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from signal_slot.signal_slot import Timer, signal
 
-from sfengine.buffers import SharedBuffers, SharedWeights
 from sfengine.config import Config
-from sfengine.cpu_threads import set_cpu_threads
-from sfengine.event_loop import Component, stop_own_loop
+from sfengine.engine.buffers import SharedBuffers, SharedWeights
+from sfengine.engine.cpu_threads import set_cpu_threads
+from sfengine.engine.event_loop import Component, stop_own_loop
+from sfengine.engine.messages import InferenceRequest, PolicyOutputs
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.inference.policy_actor import PolicyActor
-from sfengine.messages import InferenceRequest, PolicyOutputs
-from sfengine.seeding import inference_seed
-from sfengine.spaces import ActionSpec, ObsSpec
+from sfengine.tasks.seeding import inference_seed
 
 
 def policy_outputs_signal(worker: int) -> str:

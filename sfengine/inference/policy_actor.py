@@ -19,14 +19,14 @@ import numpy as np
 import torch
 
 from sfengine.algorithms import algorithm_for
-from sfengine.buffers import ANNOTATION_FIELDS, POLICY_FIELDS, SharedBuffers, SharedWeights
 from sfengine.config import Config
-from sfengine.distributed import rank_device
-from sfengine.messages import InferenceReport
+from sfengine.engine.buffers import ANNOTATION_FIELDS, POLICY_FIELDS, SharedBuffers, SharedWeights
+from sfengine.engine.distributed import rank_device
+from sfengine.engine.messages import InferenceReport
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.numpy_backend.policy import NumpyPolicy, choose_inference_backend
-from sfengine.seeding import acting_worker_seed
-from sfengine.spaces import ActionSpec, ObsSpec
+from sfengine.tasks.seeding import acting_worker_seed
 
 
 def own_policy(

@@ -16,9 +16,9 @@ from collections import deque
 import torch
 from signal_slot.signal_slot import signal
 
-from sfengine.buffers import SharedBuffers, TrajectoryBuffers
-from sfengine.event_loop import Component
-from sfengine.messages import BuffersReleased, TrajectoriesReady
+from sfengine.engine.buffers import SharedBuffers, TrajectoryBuffers
+from sfengine.engine.event_loop import Component
+from sfengine.engine.messages import BuffersReleased, TrajectoriesReady
 
 
 def buffers_released_signal(worker: int) -> str:

@@ -29,11 +29,11 @@ import torch
 from signal_slot.signal_slot import signal
 from torch import Tensor
 
-from sfengine.buffers import ANNOTATION_FIELDS, SharedBuffers
-from sfengine.event_loop import Component
+from sfengine.engine.buffers import ANNOTATION_FIELDS, SharedBuffers
+from sfengine.engine.event_loop import Component
+from sfengine.engine.messages import TrajectoriesReady
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.learning.batcher import release_buffers
-from sfengine.messages import TrajectoriesReady
-from sfengine.spaces import ActionSpec, ObsSpec
 
 
 @dataclass
@@ -213,7 +213,7 @@ class GroupBatcher(Component):
         self._assemble()
 
     def on_episodes_dropped(self, positions: tuple[int, ...]) -> None:
-        """Episodes a dead rollout worker was playing (sfengine.respawn): the steps of theirs filed so far are
+        """Episodes a dead rollout worker was playing (sfengine.engine.respawn): the steps of theirs filed so far are
         discarded, and each member waits for its replay, which the task sequence hands out at the same position."""
         flat_chunk_steps = self.chunk_steps_np.reshape(-1)
         for position in positions:

@@ -5,7 +5,7 @@
 
 It also owns the checkpoints (every ``save_every_sec`` and at stop; rank 0 only) and, in a multi-process run,
 starts the batcher's event loop in a thread of this process. In a multi-rank run, the learners exchange a
-``RankBatch`` before every training batch and all-reduce gradients (``sfengine.distributed``).
+``RankBatch`` before every training batch and all-reduce gradients (``sfengine.engine.distributed``).
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ import time
 from signal_slot.signal_slot import Timer, signal
 
 from sfengine.algorithms import algorithm_for
-from sfengine.buffers import SharedBuffers, SharedWeights
-from sfengine.checkpoint import CheckpointSaveError, list_checkpoints, save_checkpoint
 from sfengine.config import Config
-from sfengine.cpu_threads import set_cpu_threads
-from sfengine.distributed import LearnerGroup, RankBatch, RankInfo, parameter_checksum, rank_device
-from sfengine.event_loop import Component, stop_own_loop
-from sfengine.messages import EpisodeStats, LearnerReport
+from sfengine.engine.buffers import SharedBuffers, SharedWeights
+from sfengine.engine.checkpoint import CheckpointSaveError, list_checkpoints, save_checkpoint
+from sfengine.engine.cpu_threads import set_cpu_threads
+from sfengine.engine.distributed import LearnerGroup, RankBatch, RankInfo, parameter_checksum, rank_device
+from sfengine.engine.event_loop import Component, stop_own_loop
+from sfengine.engine.messages import EpisodeStats, LearnerReport
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.spaces import ActionSpec, ObsSpec
-from sfengine.task_sequence import SharedTaskSequence
+from sfengine.tasks.sequence import SharedTaskSequence
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from sfengine.config import Config
-from sfengine.distributed import LearnerGroup, RankInfo
+from sfengine.engine.distributed import LearnerGroup, RankInfo
 from sfengine.models.actor_critic import ActorCritic
 
 

@@ -32,9 +32,9 @@ import torch
 from torch import Tensor, nn
 
 from sfengine.config import Config, ConfigError, ModelConfig
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.distributions import LOG_STD_RANGE, gaussian_entropy, gaussian_log_prob
 from sfengine.models.flow_head import FlowHead
-from sfengine.spaces import ActionSpec, ObsSpec
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 

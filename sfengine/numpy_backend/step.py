@@ -32,7 +32,7 @@ from torch import nn
 
 from sfengine.algorithms import algorithm_for
 from sfengine.config import Config, ConfigError
-from sfengine.distributed import LearnerGroup
+from sfengine.engine.distributed import LearnerGroup
 from sfengine.learning.trainer import StepStats
 from sfengine.models.actor_critic import ActorCritic, is_critic_key
 from sfengine.models.distributions import HALF_LOG_2PI, LOG_STD_RANGE, gaussian_entropy

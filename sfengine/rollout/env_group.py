@@ -21,14 +21,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sfengine.buffers import NO_ENV
-from sfengine.env_registry import EnvContext, EnvFactory
+from sfengine.engine.buffers import NO_ENV
+from sfengine.engine.messages import EpisodeStats
+from sfengine.env.registry import EnvContext, EnvFactory
+from sfengine.env.spaces import obs_as_dict
 from sfengine.evaluation.episode_queue import SINGLE_TASK, EvalEpisode, SharedEpisodeQueue
 from sfengine.evaluation.video import EpisodeVideo, EvalOutput
-from sfengine.messages import EpisodeStats
-from sfengine.scheduler import Assignment
-from sfengine.spaces import obs_as_dict
-from sfengine.task_sequence import SharedTaskSequence, single_task_group_seed
+from sfengine.tasks.scheduler import Assignment
+from sfengine.tasks.sequence import SharedTaskSequence, single_task_group_seed
 
 log = logging.getLogger(__name__)
 

@@ -26,16 +26,12 @@ import numpy as np
 from signal_slot.signal_slot import Timer, signal
 
 from sfengine.algorithms import algorithm_for
-from sfengine.buffers import CARRIED_FIELDS, SharedBuffers
 from sfengine.config import Config
-from sfengine.cpu_threads import set_cpu_threads
-from sfengine.distributed import RankInfo
-from sfengine.env_registry import EnvFactory, env_context
-from sfengine.evaluation.episode_queue import SharedEpisodeQueue
-from sfengine.evaluation.video import EvalOutput
-from sfengine.event_loop import Component, stop_own_loop
-from sfengine.inference.policy_actor import PolicyActor
-from sfengine.messages import (
+from sfengine.engine.buffers import CARRIED_FIELDS, SharedBuffers
+from sfengine.engine.cpu_threads import set_cpu_threads
+from sfengine.engine.distributed import RankInfo
+from sfengine.engine.event_loop import Component, stop_own_loop
+from sfengine.engine.messages import (
     BuffersReleased,
     EpisodeStats,
     InferenceRequest,
@@ -43,10 +39,14 @@ from sfengine.messages import (
     TrajectoriesReady,
     WorkerReport,
 )
+from sfengine.env.registry import EnvFactory, env_context
+from sfengine.env.spaces import ActionSpec
+from sfengine.evaluation.episode_queue import SharedEpisodeQueue
+from sfengine.evaluation.video import EvalOutput
+from sfengine.inference.policy_actor import PolicyActor
 from sfengine.rollout.env_group import EnvGroup, EpisodeSource, QueueSource, SeedSource, SequenceSource
-from sfengine.seeding import rollout_env_seed
-from sfengine.spaces import ActionSpec
-from sfengine.task_sequence import SharedTaskSequence
+from sfengine.tasks.seeding import rollout_env_seed
+from sfengine.tasks.sequence import SharedTaskSequence
 
 log = logging.getLogger(__name__)
 

@@ -3,10 +3,10 @@ import multiprocessing
 import pytest
 import torch
 
-from sfengine.buffers import SharedBuffers, SharedWeights, TrajectoryBuffers, buffers_per_worker
 from sfengine.config import Config
+from sfengine.engine.buffers import SharedBuffers, SharedWeights, TrajectoryBuffers, buffers_per_worker
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.spaces import ActionSpec, ObsSpec
 
 OBS = ObsSpec(shapes={"image": (8, 8, 3), "state": (5,)}, dtypes={"image": torch.uint8, "state": torch.float32})
 DISCRETE = ActionSpec(discrete=True, num_actions=3)

@@ -20,9 +20,9 @@ from helpers import (
     train_command,
     write_recording_script,
 )
-from sfengine.checkpoint import load_latest_checkpoint
-from sfengine.distributed import RankInfo, rank_device
-from sfengine.scheduler import TaskSchedule, shard_pairs
+from sfengine.engine.checkpoint import load_latest_checkpoint
+from sfengine.engine.distributed import RankInfo, rank_device
+from sfengine.tasks.scheduler import TaskSchedule, shard_pairs
 from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
 
 

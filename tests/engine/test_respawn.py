@@ -33,9 +33,9 @@ from helpers import (
     wait_for_training,
     write_recording_script,
 )
-from sfengine import respawn
 from sfengine.config import Config
-from sfengine.respawn import (
+from sfengine.engine import respawn
+from sfengine.engine.respawn import (
     MUTEX,
     MUTEX_OWNER,
     WAITER_COUNTS,
@@ -44,7 +44,7 @@ from sfengine.respawn import (
     release_lock_held_by,
     reset_waiters,
 )
-from sfengine.scheduler import Assignment, TaskSchedule, shard_pairs
+from sfengine.tasks.scheduler import Assignment, TaskSchedule, shard_pairs
 from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
 
 

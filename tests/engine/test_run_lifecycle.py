@@ -31,7 +31,7 @@ from helpers import (
     wait_for_training,
 )
 from sfengine.config import parse_config
-from sfengine.spaces import action_spec_from_space, obs_spec_from_space
+from sfengine.env.spaces import action_spec_from_space, obs_spec_from_space
 from sfengine.train import build_model
 
 
@@ -492,7 +492,7 @@ import time
 
 import gymnasium as gym
 
-import sfengine.supervision
+import sfengine.engine.supervision
 from sfengine import register_env
 from sfengine.train import main
 from sfengine_envs.multitask_toy import make_multitask_toy
@@ -501,7 +501,7 @@ from sfengine_envs.multitask_toy import make_multitask_toy
 HUNG_ONCE = __file__ + ".hung"
 HANG_STEP = int(os.environ.get("HANG_STEP", 3000))
 # A test of the stop's own time limit shortens it, as it cannot wait the minute a run gives its components.
-sfengine.supervision.STOP_TIMEOUT_SEC = float(os.environ.get("STOP_TIMEOUT_SEC", sfengine.supervision.STOP_TIMEOUT_SEC))
+sfengine.engine.supervision.STOP_TIMEOUT_SEC = float(os.environ.get("STOP_TIMEOUT_SEC", sfengine.engine.supervision.STOP_TIMEOUT_SEC))
 
 
 def stuck_in_the_simulator():

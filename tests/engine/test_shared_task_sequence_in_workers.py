@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from helpers import read_summary, received_assignments, train_command, write_recording_script
-from sfengine.checkpoint import load_latest_checkpoint
-from sfengine.scheduler import TaskSchedule, shard_pairs
+from sfengine.engine.checkpoint import load_latest_checkpoint
+from sfengine.tasks.scheduler import TaskSchedule, shard_pairs
 from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
 
 # A user script beside the recording script of helpers.py (``recorded.py``, imported from the same directory): its

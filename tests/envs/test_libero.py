@@ -19,9 +19,9 @@ from helpers import make_env, read_summary, run_train, train_command
 pytest.importorskip("libero", reason="the libero extra is not installed: pip install -e '.[libero]'")
 
 from sfengine.config import auto_options, parse_config  # noqa: E402
-from sfengine.env_registry import env_sizer  # noqa: E402
-from sfengine.multitask import TaskInfo  # noqa: E402
-from sfengine.sizing import Machine, resolve_auto_options  # noqa: E402
+from sfengine.engine.sizing import Machine, resolve_auto_options  # noqa: E402
+from sfengine.env.multitask import TaskInfo  # noqa: E402
+from sfengine.env.registry import env_sizer  # noqa: E402
 from sfengine_envs.libero_suite import SUITE_STEP_LIMITS, LiberoSuiteEnv  # noqa: E402
 
 SUITES = list(SUITE_STEP_LIMITS)

@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
+from sfengine.engine.messages import EpisodeStats
+from sfengine.env.multitask import TaskInfo
 from sfengine.evaluation.episode_queue import SharedEpisodeQueue, evaluation_episodes
 from sfengine.evaluation.report import EvalReport, wilson_interval
-from sfengine.messages import EpisodeStats
-from sfengine.multitask import TaskInfo
 
 TASKS = TaskInfo(["a", "b", "c"], [4, 2, 3], ["pick a", "pick b", "pick c"])
 

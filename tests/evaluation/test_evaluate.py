@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from helpers import evaluate, leaked_shm, received_assignments, run_train, shm_entries, write_recording_script
-from sfengine.checkpoint import load_latest_checkpoint
 from sfengine.config import AUTO, parse_config
+from sfengine.engine.checkpoint import load_latest_checkpoint
+from sfengine.env.spaces import DEFAULT_OBS_KEY, action_spec_from_space, obs_spec_from_space
 from sfengine.evaluate import relayout
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.scheduler import Assignment
-from sfengine.spaces import DEFAULT_OBS_KEY, action_spec_from_space, obs_spec_from_space
+from sfengine.tasks.scheduler import Assignment
 from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
 
 ALL_PAIRS = [Assignment(t, i) for t, i in product(range(NUM_TASKS), range(NUM_INIT_STATES))]

@@ -13,9 +13,9 @@ from helpers import evaluate
 
 pytest.importorskip("libero", reason="the libero extra is not installed: pip install -e '.[libero]'")
 
-from sfengine.checkpoint import save_checkpoint  # noqa: E402
 from sfengine.config import parse_config, save_config  # noqa: E402
-from sfengine.env_registry import resolve_env_factory  # noqa: E402
+from sfengine.engine.checkpoint import save_checkpoint  # noqa: E402
+from sfengine.env.registry import resolve_env_factory  # noqa: E402
 from sfengine.train import build_model, probe_env  # noqa: E402
 
 

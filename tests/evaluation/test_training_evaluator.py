@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 
 from helpers import read_summary, run_train
+from sfengine.env.multitask import TaskInfo
 from sfengine.evaluation.episode_queue import SINGLE_TASK, EvalEpisode, training_evaluation_episodes
-from sfengine.events import read_scalars
-from sfengine.multitask import TaskInfo
+from sfengine.reporting.events import read_scalars
 from sfengine_envs.multitask_toy import NUM_TASKS
 
 

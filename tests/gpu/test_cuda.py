@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from helpers import evaluate, reached_target, read_summary, run_train, scripted_demos
-from sfengine.checkpoint import list_checkpoints
 from sfengine.demos.dataset import write_demos
+from sfengine.engine.checkpoint import list_checkpoints
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from helpers import run_train, train_command
-from sfengine.buffers import SharedWeights
 from sfengine.config import ConfigError, ModelConfig, parse_config
+from sfengine.engine.buffers import SharedWeights
+from sfengine.env.spaces import action_spec_from_space, obs_spec_from_space
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.numpy_backend.policy import NumpyPolicy, choose_inference_backend
 from sfengine.numpy_backend.step import choose_learner_backend
-from sfengine.spaces import action_spec_from_space, obs_spec_from_space
 
 BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 TWO_KEYS = gym.spaces.Dict(

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from sfengine.algorithms.ppo.trainer import PPOTrainer
-from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, ConfigError, parse_config
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.actor_critic import ActorCritic, is_critic_key
-from sfengine.spaces import ActionSpec, ObsSpec
 
 OBS_SPEC = ObsSpec({"obs": (3,)}, {"obs": torch.float32})
 ACTION_SPEC = ActionSpec(discrete=False, dim=2, low=(-1.0, -1.0), high=(1.0, 1.0))

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from helpers import reached_target, read_summary, run_train, train_command
-from sfengine.algo.flow_sar import self_annotate
+from sfengine.algorithms.flow_sar.sar import self_annotate
 from sfengine.config import ConfigError, ModelConfig, parse_config
-from sfengine.events import read_scalars
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.spaces import ActionSpec, ObsSpec
+from sfengine.reporting.events import read_scalars
 
 FLOW_SAR = ["--algo=flow_sar", "--policy_head=flow", "--group_outcome=success", "--task_group_size=1"]
 CHECKING_SCRIPT = textwrap.dedent(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from helpers import read_summary, run_train, train_command
-from sfengine.events import read_scalars
+from sfengine.reporting.events import read_scalars
 from sfengine_envs.sparse_reach import REACH_INIT_STATES, REACH_TASKS, START_RADIUS
 
 GROUP_SIZE = 4

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from helpers import run_train
-from sfengine.checkpoint import load_latest_checkpoint
-from sfengine.events import read_scalars
+from sfengine.engine.checkpoint import load_latest_checkpoint
 from sfengine.models.actor_critic import is_critic_key
+from sfengine.reporting.events import read_scalars
 
 
 def policy_tensors(state: dict) -> dict:

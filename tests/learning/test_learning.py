@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import reached_target, read_summary, run_train
-from sfengine.events import read_scalars
+from sfengine.reporting.events import read_scalars
 
 pytestmark = pytest.mark.slow
 RLOO_STEPS = 60_000  # it crosses 0.9 near 50k steps (from 0.17 at random)

@@ -10,12 +10,12 @@ import torch
 
 from helpers import run_train
 from sfengine.algorithms.ppo.trainer import PPOTrainer
-from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, ConfigError
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.learning.trainer import TorchStep
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.numpy_backend.step import NumpyStep, choose_learner_backend
-from sfengine.spaces import ActionSpec, ObsSpec
 
 NUM_TRAJECTORIES, HORIZON = 8, 16
 OBS_SPEC = ObsSpec({"joints": (5,), "target": (3,)}, {"joints": torch.float32, "target": torch.float32})

@@ -14,11 +14,11 @@ import torch
 from sfengine.algo import gae
 from sfengine.algorithms.ppo import trainer as ppo_trainer
 from sfengine.algorithms.ppo.trainer import PPOTrainer
-from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.learning.group_batcher import GroupBatch
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.spaces import ActionSpec, ObsSpec
 
 NUM_TRAJECTORIES, HORIZON = 8, 16
 OBS_SPEC = ObsSpec({"obs": (3,)}, {"obs": torch.float32})

@@ -19,11 +19,11 @@ import torch
 
 from helpers import demo, evaluate, run_train, scripted_demos, start
 from sfengine import pretrain, train
-from sfengine.checkpoint import list_checkpoints
 from sfengine.demos.dataset import write_demos
-from sfengine.events import read_scalars
+from sfengine.engine.checkpoint import list_checkpoints
 from sfengine.learning.behavior_cloning import demo_samples, split_by_episode
 from sfengine.models.actor_critic import is_critic_key
+from sfengine.reporting.events import read_scalars
 
 NUM_DEMOS = 40
 TRAINING_CHECKPOINT_KEYS = {"format_version", "model", "optimizer", "env_steps", "policy_version", "task_sequence"}

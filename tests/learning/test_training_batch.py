@@ -23,10 +23,10 @@ import torch
 from sfengine import register_env
 from sfengine.algo import explained_variance, gae, vtrace
 from sfengine.algorithms.ppo.trainer import PPOTrainer
-from sfengine.buffers import TrajectoryBuffers
 from sfengine.config import Config, parse_config
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.env.spaces import action_spec_from_space, obs_spec_from_space
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.spaces import action_spec_from_space, obs_spec_from_space
 from sfengine.train import main
 
 ROLLOUT = 16

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from sfengine.config import ModelConfig
+from sfengine.env.spaces import action_spec_from_space, obs_spec_from_space
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.spaces import action_spec_from_space, obs_spec_from_space
 
 DRAWS = 200_000
 

@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from sfengine.env_registry import EnvContext
+from sfengine.env.registry import EnvContext
 from sfengine.evaluation.episode_queue import EvalEpisode
 from sfengine.rollout.env_group import EnvGroup, ListSource, SeedSource
 

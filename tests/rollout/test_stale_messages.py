@@ -7,15 +7,15 @@ import multiprocessing
 
 import torch
 
-from sfengine.buffers import SharedBuffers, SharedWeights
 from sfengine.config import Config
-from sfengine.env_registry import make_gymnasium_env
-from sfengine.event_loop import EngineEventLoop
-from sfengine.messages import BuffersReleased, InferenceRequest, PolicyOutputs
+from sfengine.engine.buffers import SharedBuffers, SharedWeights
+from sfengine.engine.event_loop import EngineEventLoop
+from sfengine.engine.messages import BuffersReleased, InferenceRequest, PolicyOutputs
+from sfengine.engine.runner import Runner
+from sfengine.engine.wiring import build_components, connect_components
+from sfengine.env.registry import make_gymnasium_env
+from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.actor_critic import ActorCritic
-from sfengine.runner import Runner
-from sfengine.spaces import ActionSpec, ObsSpec
-from sfengine.wiring import build_components, connect_components
 
 
 def started_worker(lent_before_start: tuple[int, ...] = ()):

@@ -4,7 +4,7 @@
 The acting side annotates every step it takes with the reference policy (an EMA of the policy, published beside
 it): the reconstruction error ``e_i`` and a training point ``(t, eps, v_old)`` (``annotate``, stored in the
 trajectory buffers' annotation fields). The update (``trainer.FlowSARTrainer``) turns the errors into per-step
-credit within each episode and fits the mirror branches; the math is ``sfengine.algo.flow_sar``. Options: the
+credit within each episode and fits the mirror branches; the math is ``sfengine.algorithms.flow_sar.sar``. Options: the
 ``flow_sar`` group, defaults as published.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sfengine.algo.flow_sar import self_annotate
 from sfengine.algorithms import GROUPS, Algorithm, register_algorithm
+from sfengine.algorithms.flow_sar.sar import self_annotate
 from sfengine.algorithms.flow_sar.trainer import FlowSARTrainer
 from sfengine.config import Config, ConfigError, option
 

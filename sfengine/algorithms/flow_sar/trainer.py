@@ -4,7 +4,7 @@ then epochs of minibatch steps on the mirror-branch loss, then the EMA step of t
 The batch is a ``GroupBatch`` (whole episodes with their success, grouped by ``--task_group_size``; groups of one
 are allowed: FlowSAR's credit is per episode, not per group). Each step carries what the inference worker's
 self-annotation wrote with the reference policy: ``e_i``, and the training point ``(t, eps)`` with ``v_old``. The
-math is ``sfengine.algo.flow_sar``; the optimiser, the learning-rate schedule and the gradient step are the
+math is ``sfengine.algorithms.flow_sar.sar``; the optimiser, the learning-rate schedule and the gradient step are the
 shared ``Trainer``'s.
 """
 
@@ -14,9 +14,9 @@ import copy
 
 import torch
 
-from sfengine.algo.flow_sar import credit_weights, ema_decay, ema_update_, flow_sar_loss
+from sfengine.algorithms.flow_sar.sar import credit_weights, ema_decay, ema_update_, flow_sar_loss
 from sfengine.config import Config
-from sfengine.distributed import LearnerGroup
+from sfengine.engine.distributed import LearnerGroup
 from sfengine.learning.group_batcher import GroupBatch
 from sfengine.learning.trainer import Trainer
 from sfengine.models.actor_critic import ActorCritic

@@ -1,15 +1,15 @@
-"""PPO (``--algo=ppo``, the default): the policy surrogate of ``--clip_mode`` (``sfengine.algo.surrogates``) with
+"""PPO (``--algo=ppo``, the default): the policy surrogate of ``--clip_mode`` (``sfengine.algorithms.ppo.surrogates``) with
 the advantages of ``--advantage``: with a critic (GAE, V-trace) on trajectory batches, or critic-free (RLOO,
 GRPO, or one given to ``register_group_advantage``) on batches of whole groups of episodes of one (task, init
-state). The update is ``trainer.PPOTrainer``; the math is in ``sfengine.algo``.
+state). The update is ``trainer.PPOTrainer``; the math is in ``loss`` and ``surrogates`` beside it.
 """
 
 from __future__ import annotations
 
-from sfengine.algo.group_advantages import GROUP_ADVANTAGES
-from sfengine.algo.surrogates import SURROGATE_TARGET_KL, SURROGATES
 from sfengine.algorithms import GROUPS, TRAJECTORIES, Algorithm, register_algorithm
+from sfengine.algorithms.group_advantages import GROUP_ADVANTAGES
 from sfengine.algorithms.ppo.options import PPOOptions
+from sfengine.algorithms.ppo.surrogates import SURROGATE_TARGET_KL, SURROGATES
 from sfengine.algorithms.ppo.trainer import PPOTrainer
 from sfengine.config import Config, ConfigError
 

@@ -1,6 +1,6 @@
 """PPO's own options (``--algo=ppo``, the ``ppo`` group of ``--help``): how each step's advantage is estimated (with
 a critic: gae, vtrace; critic-free, from the outcomes of a group of episodes of one (task, init state):
-``sfengine.algo.group_advantages``), and the policy surrogate (``sfengine.algo.surrogates``): how the ratio
+``sfengine.algorithms.group_advantages``), and the policy surrogate (``sfengine.algorithms.ppo.surrogates``): how the ratio
 r = pi / pi_old and the advantage make the policy loss. Defaults of the modes' parameters are the published ones.
 The learner group's PPO settings (``--ppo_clip_ratio``, ``--gae_lambda``, ...) predate this group and keep their
 names and place."""
@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sfengine.config import PUBLISHED, option
+from sfengine.algorithms.ppo.surrogates import SurrogateParams
+from sfengine.config import option
+
+PUBLISHED = SurrogateParams()  # the clip modes' published parameters
 
 
 @dataclass

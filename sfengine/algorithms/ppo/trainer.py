@@ -4,7 +4,7 @@ With a critic (``--advantage=gae|vtrace``) the batch is ``B`` whole trajectories
 bootstrap observation). Without one (``rloo|grpo``) it is a ``GroupBatch``: the steps of whole groups of episodes
 and each episode's outcome. Both end in the same minibatch step and the same policy surrogate (``--clip_mode``).
 Plumbing (where the batch came from, where the weights go) lives in the learner worker, the math in
-``sfengine.algo``.
+``sfengine.algorithms.advantages``, ``.group_advantages`` and ``ppo.loss``.
 """
 
 from __future__ import annotations
@@ -15,21 +15,14 @@ import math
 import torch
 from torch import Tensor
 
-from sfengine.algo import (
-    SurrogateParams,
-    explained_variance,
-    gae,
-    kl_penalty,
-    normalize_advantages,
-    ppo_loss,
-    vtrace,
-)
-from sfengine.algo.group_advantages import GROUP_ADVANTAGES, episode_step_weights
-from sfengine.algo.ppo_loss import PPOLoss
+from sfengine.algorithms.advantages import gae, vtrace
+from sfengine.algorithms.group_advantages import GROUP_ADVANTAGES, episode_step_weights
+from sfengine.algorithms.ppo.loss import PPOLoss, explained_variance, kl_penalty, normalize_advantages, ppo_loss
 from sfengine.algorithms.ppo.options import PPOOptions
-from sfengine.buffers import TrajectoryBuffers
+from sfengine.algorithms.ppo.surrogates import SurrogateParams
 from sfengine.config import Config
-from sfengine.distributed import LearnerGroup
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.engine.distributed import LearnerGroup
 from sfengine.learning.group_batcher import GroupBatch
 from sfengine.learning.trainer import StepStats, TorchStep, Trainer
 from sfengine.models.actor_critic import ActorCritic
@@ -172,7 +165,7 @@ class PPOTrainer(Trainer):
         return stats
 
     def _train_on_groups(self, batch: GroupBatch, learner_version: int) -> dict[str, float]:
-        """Critic-free: every step of episode i gets its group advantage A_i (``sfengine.algo.group_advantages``).
+        """Critic-free: every step of episode i gets its group advantage A_i (``sfengine.algorithms.group_advantages``).
         The advantages are used as they are, not renormalised per minibatch: that would shift the zero advantage
         of a group with equal outcomes, and a group's own centring is the baseline."""
         cfg = self.cfg.learner

@@ -1,0 +1,145 @@
+"""signal-slot-mp event loops with one addition: hooks that run after each batch of received signals.
+
+The inference worker needs this to batch: its slot only records a request, and the hook runs one forward
+pass over every request that arrived in the same batch of signals. Without it, each request would get its own
+forward pass, or the loop would have to poll.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Iterable
+from queue import Full
+
+from signal_slot.signal_slot import EventLoop, EventLoopObject, EventLoopProcess
+
+from sfengine.engine.distributed import RankInfo
+
+EMIT_TIMEOUT_SEC = 60.0
+
+
+class Component(EventLoopObject):
+    """Base of every engine component. Its signals apply backpressure instead of being dropped.
+
+    signal-slot-mp drops a signal whose receiver's inbox is full (and only logs it). Our inboxes hold 5 MB and
+    the number of messages in flight is bounded by design (one request per split, one trajectory message per
+    buffer, one report per component per second), so a full inbox means a receiver has stalled: the emitter
+    waits for room, and fails loudly if none comes, rather than losing a buffer id.
+    """
+
+    # Inboxes of processes that were killed (a hung component): never written again. A process stopped or killed
+    # inside a queue operation keeps the queue's shared lock forever, and a put would then wait on it for good.
+    abandoned_inboxes: list = []  # the queues themselves: an id() could be reused by a later queue
+
+    def emit_many(self, signal_: str, list_of_args: Iterable[tuple]) -> None:
+        messages = tuple((self.object_id, signal_, args) for args in list_of_args)
+        receivers = self.send_signals_to.get(signal_, ())
+        for queue in {id(q): q for q in (self.receiver_queues[r] for r in receivers)}.values():
+            if self.abandoned_inboxes and any(queue is abandoned for abandoned in self.abandoned_inboxes):
+                continue
+            try:
+                queue.put_many(messages, block=True, timeout=EMIT_TIMEOUT_SEC)
+            except Full:
+                raise RuntimeError(
+                    f"{self.object_id}: signal '{signal_}' could not be delivered for {EMIT_TIMEOUT_SEC:.0f} s "
+                    f"(receivers {sorted(receivers)} are not reading their inbox)"
+                ) from None
+
+
+class EngineEventLoop(EventLoop):
+    def __init__(self, unique_loop_name: str, serial_mode: bool = False):
+        super().__init__(unique_loop_name, serial_mode)
+        self.after_signals: list[Callable[[], None]] = []
+
+    def _loop_iteration(self) -> bool:
+        keep_running = super()._loop_iteration()
+        for hook in self.after_signals:
+            hook()
+        return keep_running
+
+
+class EngineProcess(EventLoopProcess):
+    """An EventLoopProcess whose loop is an EngineEventLoop. Children never own the terminal: the runner
+    coordinates shutdown, so a Ctrl-C or SIGTERM must reach only the runner (see ``ignore_interrupts``)."""
+
+    def __init__(self, name: str, mp_context: multiprocessing.context.BaseContext):
+        self.mp_context = mp_context
+        self._process = mp_context.Process(target=self._target, name=name, daemon=False)
+        self._init_func = None
+        self._args, self._kwargs = (), {}
+        self.event_loop = EngineEventLoop(f"{name}_evt_loop")
+        EventLoopObject.__init__(self, self.event_loop, name)
+
+    def respawn(self) -> None:
+        """Start a fresh process in place of this one, which has ended: the same components, built anew from the
+        runner's copies of them (never started there), on the same event loop and inbox, so every connection made
+        before the first start still reaches it (see sfengine.engine.respawn)."""
+        self._process = self.mp_context.Process(target=self._target, name=self.name, daemon=False)
+        self.start()
+
+    def _target(self):
+        die_with_parent()
+        ignore_interrupts()
+        set_process_title(self.name)
+        configure_logging()
+        # SIGUSR1 prints every thread's Python stack to stderr, even while the process is stuck in C code: the
+        # runner sends it to a hung worker (sfengine.engine.hang_watch), and a user can too (kill -USR1 <pid>).
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        super()._target()
+
+
+def configure_logging() -> None:
+    """One log format for the runner and every component process: time, pid, and the rank under torchrun."""
+    ranks = RankInfo.from_environment()
+    rank = f"[rank {ranks.rank}]" if ranks.world_size > 1 else ""
+    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][%(process)d]{rank} %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("signal_slot").setLevel(logging.WARNING)
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this component when the runner dies (Linux). Components ignore SIGINT and SIGTERM
+    and wait on each other, so without this a runner killed by SIGKILL or the OOM killer would leave them running
+    forever, each spinning on its event loop."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(1)  # the runner died before the request above took effect
+
+
+def set_process_title(name: str) -> None:
+    """Show components as sfe-rollout-0, sfe-inference-0, sfe-learner in top, ps and psutil (Linux only)."""
+    title = "sfe-" + name.removesuffix("_process").replace("_worker", "").replace("_", "-")
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        pr_set_name = 15
+        libc.prctl(pr_set_name, title.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def ignore_interrupts() -> None:
+    """Ctrl-C in a terminal, and a job scheduler's or ``timeout``'s SIGTERM, go to the whole process group. A
+    component killed by them would take no checkpoint and could die holding a queue's lock, leaving the runner
+    blocked on it; so only the runner acts on them, and it stops the components in order (one that does not stop is
+    killed, see ``terminate_processes``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def stop_own_loop(component: EventLoopObject) -> None:
+    """Stop the component's loop if it runs in a process of its own. In serial mode every component shares the
+    runner's loop, and only the runner may stop it (after the learner's final report)."""
+    if component.event_loop.process is not None:
+        component.event_loop.stop()

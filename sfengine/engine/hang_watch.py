@@ -1,0 +1,103 @@
+"""Hung components: a rollout or inference worker that stops reporting, or a learner stuck inside one update or
+save, is named and its stack printed; a worker is then respawned (sfengine.engine.respawn), a stuck learner ends the run.
+
+Every rollout and inference worker reports once a second from its event loop. One stuck inside a slot (an env
+whose ``step`` never returns, a simulator deadlock, a blocked device call) stops reporting, and without a watch
+the run would sit there, every other component waiting on it, forever. The runner asks ``HangWatch`` each tick:
+
+    worker reports  --heard_from(name)-->  HangWatch  --hung()-->  runner: SIGUSR1 to the process (its stack goes
+                                                                    to stderr), error line, respawn (or stop with
+                                                                    exit code 1 past --max_respawns)
+
+A rollout worker writes, in shared memory, which env it is stepping and each env's (task, init state), so the
+error names the env even though the hung process can no longer say anything itself. Start-up is not watched
+(building LIBERO simulators can take minutes): a worker is watched from its first report, which it sends as
+soon as its start-up is over. While the run stops, a worker found hung is ended rather than respawned: training is
+over.
+
+The learner is silent whenever no batch is ready (a slow env), so silence says nothing about it: it marks in shared
+memory when each update or save begins and ends (``SharedBuffers.learner_clock``), and it is hung when one lasts
+far longer than its longest so far (``learner_hung``). It cannot save then: the run ends with the last checkpoint
+it wrote.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+
+from torch import Tensor
+
+from sfengine.config import Config
+from sfengine.engine.buffers import NO_ENV, SplitState
+
+LEARNER_TIMEOUT_FACTOR = 10  # a learner update or save is hung after this many times its longest so far
+
+
+class HangWatch:
+    def __init__(
+        self,
+        cfg: Config,
+        splits: SplitState,
+        task_names: list[str] | None = None,
+        learner_clock: Tensor | None = None,
+    ):
+        self.timeout = cfg.run.hang_timeout_sec
+        self.splits, self.task_names, self.learner_clock = splits, task_names, learner_clock
+        self.num_splits = cfg.sampler.worker_num_splits
+        self.last_heard: dict[str, float] = {}
+
+    def heard_from(self, component: str) -> None:
+        self.last_heard[component] = time.monotonic()
+
+    def forget(self, component: str) -> None:
+        """A respawned component is watched again from its first report, as at the start."""
+        self.last_heard.pop(component, None)
+
+    def hung(self, among: Collection[str] | None = None) -> str | None:
+        """The first watched component (of ``among``, if given) silent for longer than the timeout, or None."""
+        if not self.timeout:
+            return None
+        now = time.monotonic()
+        silent = (name for name, heard in self.last_heard.items() if now - heard > self.timeout)
+        return next((name for name in silent if among is None or name in among), None)
+
+    def learner_hung(self) -> str | None:
+        """What the learner is stuck in, if it has been inside one update or save for longer than its own timeout:
+        ``--hang_timeout_sec`` or ``LEARNER_TIMEOUT_FACTOR`` times its longest so far, whichever is longer (a first
+        update that compiles, or a large model's save, may take a while). A learner waiting for a batch is not
+        hung: the rollout side is watched for that."""
+        if not self.timeout or self.learner_clock is None:
+            return None
+        # One read: the learner may end its update between two, and a second read of 0 would look like decades.
+        started, longest = (float(v) for v in self.learner_clock.tolist())
+        if not started:
+            return None
+        busy = time.time() - started
+        timeout = max(self.timeout, LEARNER_TIMEOUT_FACTOR * longest)
+        if busy <= timeout:
+            return None
+        return (
+            f"learner has been inside one update or save for {busy:.0f} s, over its timeout of {timeout:.0f} s "
+            f"(the longer of --hang_timeout_sec and {LEARNER_TIMEOUT_FACTOR}x its longest so far, {longest:.2f} s)"
+        )
+
+    def describe(self, component: str) -> str:
+        """What the component was doing, as far as shared memory tells: for a rollout worker, the env it is in."""
+        silent = f"{component} sent no report for {time.monotonic() - self.last_heard[component]:.0f} s"
+        if not component.startswith("rollout_worker_"):
+            return silent
+        worker = int(component.rsplit("_", 1)[1])
+        for split in range(self.num_splits):
+            row = worker * self.num_splits + split
+            env = int(self.splits.stepping_env[row])
+            if env == NO_ENV:
+                continue
+            envs_per_split = self.splits.assignments.shape[1]
+            where = f"env {split * envs_per_split + env} (split {split})"  # its index in its worker, as in EnvContext
+            task, init_state = (int(v) for v in self.splits.assignments[row, env])
+            if task >= 0:
+                name = f" '{self.task_names[task]}'" if self.task_names else ""
+                where += f", task {task}{name}, init state {init_state}"
+            return f"{silent}; stuck in {where}"
+        return f"{silent}; not inside an env step or reset"

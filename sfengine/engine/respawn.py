@@ -1,0 +1,273 @@
+"""Respawning a rollout or inference worker that died or hung, in place, while the run goes on.
+
+    runner._watch: a worker process died, or HangWatch says it is hung (its stack printed first)
+        --> Respawner.respawn: SIGKILL it if it still runs; check --max_respawns
+            --> repair the inboxes it may have left broken (below)
+            --> rollout worker: the episodes its envs were playing go back to the task sequence, to be played again
+                at the same positions, and (group advantages) the batcher discards the steps of theirs it holds;
+                the rollouts it was filling are dropped, and its buffers still with the batcher come back as usual
+            --> EngineProcess.respawn: a fresh process on the same event loop and inbox
+            --> inference worker: the rollout workers it serves send their waiting requests again
+
+**Why the same inbox.** signal-slot-mp wires connections before processes start: each emitter holds its
+receivers' inboxes (faster-fifo queues in shared memory that a process can only inherit at its spawn). A new inbox
+could not reach the processes that already run, so the respawned worker keeps its predecessor's event loop and
+inbox, and is built from the component objects the runner made before the first start (they hold configuration
+and handles to shared memory, nothing a process changed). Messages queued for the dead process are read by its
+successor: request numbers (``SplitState.requests``) and lend counts (``SharedBuffers.lends``) let it ignore those
+meant for its predecessor.
+
+**The repair.** A faster-fifo queue guards its state with a process-shared pthread mutex and two condition
+variables, none of them robust. A process killed inside a queue operation leaves the mutex locked for good, and
+one killed while it waited for its inbox stays counted as a waiter of the condition variable: with glibc the
+next signal that finds a live waiter then blocks, so the first message to its successor would hang its sender.
+Before the new process starts, the runner releases every queue mutex the dead process held (its owner field holds
+the dead thread's id; queue operations run on the main thread, whose id is the pid) and re-initialises its own
+inbox's condition variables, under the mutex, while no live process waits on them. The layout read here is that of
+faster-fifo 1.5 on 64-bit Linux with glibc, checked at start (``inbox_layout_known``); elsewhere respawning is off
+and a dead worker stops the run, as with ``--max_respawns=0``.
+
+One case is left: a worker killed while it waited for room in another component's full inbox stays counted as a
+waiter there. Inboxes hold 5 MB and the messages in flight are bounded by design, so a full inbox means its
+receiver had stalled already.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+import random
+import signal as os_signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from sfengine.config import Config
+from sfengine.engine.buffers import NO_ENV, SharedBuffers
+from sfengine.engine.event_loop import EngineProcess
+from sfengine.tasks.sequence import SharedTaskSequence
+
+log = logging.getLogger(__name__)
+
+# faster-fifo 1.5's queue object: five size_t fields, a mutex attribute, the mutex (glibc x86-64: 40 bytes, the
+# owner's thread id at offset 8), a condition attribute, two waiter counts and two 48-byte condition variables.
+QUEUE_OBJECT_SIZE = 208
+MUTEX, MUTEX_OWNER, COND_ATTR, WAITER_COUNTS, CONDS = 56, 64, 96, (100, 104), (112, 160)
+COND_SIZE = 48
+LOCK_TIMEOUT_SEC = 5.0
+
+
+class InboxLockHeld(RuntimeError):
+    """An inbox's lock stayed held by a live process (``owner``): one stuck inside the queue."""
+
+    def __init__(self, owner: int):
+        super().__init__(f"an inbox's lock stayed held for {LOCK_TIMEOUT_SEC:.0f} s by process {owner}")
+        self.owner = owner
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def inbox_layout_known(queue) -> bool:
+    """Whether ``queue`` is a faster-fifo queue whose locks this module knows how to repair."""
+    buffer = getattr(queue, "queue_obj_buffer", None)
+    return (
+        buffer is not None
+        and len(buffer) == QUEUE_OBJECT_SIZE
+        and platform.system() == "Linux"
+        and platform.machine() == "x86_64"
+        and platform.libc_ver()[0] == "glibc"
+    )
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def release_lock_held_by(queue, pid: int) -> bool:
+    """Unlock ``queue``'s mutex if the dead process ``pid`` holds it; True if it did. glibc's default mutex may be
+    unlocked by any thread: it clears the owner, releases the lock word and wakes a waiter."""
+    base = ctypes.addressof(queue.queue_obj_buffer)
+    if ctypes.c_int.from_address(base + MUTEX_OWNER).value != pid:
+        return False
+    _libc().pthread_mutex_unlock(ctypes.c_void_p(base + MUTEX))
+    return True
+
+
+def reset_waiters(queue) -> None:
+    """Re-initialise the condition variables of an inbox whose only reader died: under its mutex no sender is
+    inside the queue, and no live process waits on them."""
+    libc, base = _libc(), ctypes.addressof(queue.queue_obj_buffer)
+    deadline = _Timespec(int(time.time() + LOCK_TIMEOUT_SEC), 0)
+    if libc.pthread_mutex_timedlock(ctypes.c_void_p(base + MUTEX), ctypes.byref(deadline)) != 0:
+        raise InboxLockHeld(ctypes.c_int.from_address(base + MUTEX_OWNER).value)
+    try:
+        for cond, count in zip(CONDS, WAITER_COUNTS):
+            ctypes.memset(base + cond, 0, COND_SIZE)
+            libc.pthread_cond_init(ctypes.c_void_p(base + cond), ctypes.c_void_p(base + COND_ATTR))
+            ctypes.c_int.from_address(base + count).value = 0
+    finally:
+        libc.pthread_mutex_unlock(ctypes.c_void_p(base + MUTEX))
+
+
+def repair_inboxes(dead: EngineProcess, pid: int, inboxes: list) -> int:
+    """Make every inbox usable after the death of process ``pid`` (``dead``): the locks it held released, its own
+    inbox's waiters reset. Returns how many locks it held."""
+    released = sum(release_lock_held_by(queue, pid) for queue in inboxes)
+    reset_waiters(dead.event_loop.signal_queue)
+    return released
+
+
+@dataclass
+class RespawnStats:
+    """For the status line, TensorBoard and summary.json."""
+
+    respawns: dict[str, int] = field(default_factory=dict)  # component -> respawns
+    dropped_trajectories: int = 0  # rollouts a dead worker was filling
+    seconds_lost: float = 0.0  # from each death noticed to the first report of the worker that replaced it
+    chaos_kills: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.respawns.values())
+
+    def as_dict(self) -> dict:
+        return {
+            "respawns": dict(self.respawns),
+            "respawn_dropped_trajectories": self.dropped_trajectories,
+            "respawn_seconds_lost": round(self.seconds_lost, 2),
+            "chaos_kills": self.chaos_kills,
+        }
+
+
+class Respawner:
+    """The runner's respawn policy and bookkeeping: who may be respawned, how often, and what the death cost."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        buffers: SharedBuffers,
+        task_sequence: SharedTaskSequence | None,
+        inboxes: list,
+    ):
+        self.cfg, self.buffers, self.task_sequence, self.inboxes = cfg, buffers, task_sequence, inboxes
+        run = cfg.run
+        self.enabled = run.max_respawns > 0 and all(inbox_layout_known(q) for q in inboxes)
+        if run.max_respawns > 0 and not self.enabled:
+            log.warning("respawning is not available here (its inbox repair needs faster-fifo 1.5 on x86-64 glibc)")
+        self.history: dict[str, deque[float]] = {}  # component -> when it was respawned, within the window
+        self.expected_deaths: set[str] = set()  # killed by --chaos_kill_every_sec: not counted against the budget
+        self.starting: dict[str, float] = {}  # component -> when its death was noticed, until its first report
+        self.stats = RespawnStats()
+        self.rng = random.Random(cfg.env.seed)
+        chaos = cfg.debug.chaos_kill_every_sec
+        self.next_chaos = time.monotonic() + chaos if chaos else None
+
+    def refusal(self, component: str) -> str | None:
+        """Why ``component`` may not be respawned now, or None."""
+        if not self.enabled:
+            if not self.cfg.run.max_respawns:
+                return "respawning is off (--max_respawns=0)"
+            return "respawning is off (its inbox repair needs faster-fifo 1.5 on x86-64 glibc)"
+        if component in self.expected_deaths:
+            return None
+        window, limit = self.cfg.run.respawn_window_sec, self.cfg.run.max_respawns
+        recent = self.history.setdefault(component, deque())
+        while recent and time.monotonic() - recent[0] > window:
+            recent.popleft()
+        if len(recent) >= limit:
+            return f"it was respawned {len(recent)} times within {window:g} s (--max_respawns={limit})"
+        return None
+
+    def respawn(self, process: EngineProcess, processes: list[EngineProcess]) -> list[int]:
+        """End ``process`` if it still runs, repair the inboxes and start its successor. Returns the sequence
+        positions of the episodes it was playing (a rollout worker), which the batcher must forget. Raises
+        InboxLockHeld if an inbox cannot be repaired."""
+        component = process.name.removesuffix("_process")
+        pid = process.pid
+        if process.is_alive():
+            process.kill()
+        process.join(10.0)
+        if component in self.expected_deaths:
+            self.expected_deaths.discard(component)
+        else:
+            self.history.setdefault(component, deque()).append(time.monotonic())
+        try:
+            held = repair_inboxes(process, pid, self.inboxes)
+        except InboxLockHeld as stuck:
+            # A sender caught inside the inbox while its reader hung (a signal that waits for the frozen reader):
+            # it can never leave. It is ended too, its lock released, and the watch respawns it next.
+            casualty = next((p for p in processes if p.pid == stuck.owner and p is not process), None)
+            if casualty is None or not casualty.name.startswith(("rollout_worker_", "inference_worker_")):
+                raise
+            log.error("%s is stuck inside %s's inbox; ending it too", casualty.name, component)
+            self.expected_deaths.add(casualty.name.removesuffix("_process"))
+            casualty.kill()
+            casualty.join(10.0)
+            for queue in self.inboxes:
+                release_lock_held_by(queue, stuck.owner)
+            held = repair_inboxes(process, pid, self.inboxes)
+        positions = self._replay_episodes(component) if component.startswith("rollout_worker_") else []
+        self.starting[component] = time.monotonic()
+        self.stats.respawns[component] = self.stats.respawns.get(component, 0) + 1
+        process.respawn()
+        locks = f"; it held {held} inbox lock(s), released" if held else ""
+        log.warning("respawned %s (pid %d -> %d)%s", component, pid, process.pid, locks)
+        return positions
+
+    def _replay_episodes(self, component: str) -> list[int]:
+        """The dead rollout worker's rollouts are dropped; the episodes its envs were playing are handed out again."""
+        worker = int(component.rsplit("_", 1)[1])
+        splits, num_splits = self.buffers.splits, self.cfg.sampler.worker_num_splits
+        rows = range(worker * num_splits, (worker + 1) * num_splits)
+        self.stats.dropped_trajectories += len(rows) * self.cfg.envs_per_split
+        envs = [
+            (
+                (*splits.assignments[row, env].tolist(), int(splits.positions[row, env])),
+                tuple(splits.drawing[row, env].tolist()),
+            )
+            for row in rows
+            for env in range(self.cfg.envs_per_split)
+        ]
+        splits.positions[list(rows)] = -1
+        splits.drawing[list(rows)] = -1
+        splits.stepping_env[list(rows)] = NO_ENV
+        if self.task_sequence is None:
+            return []
+        episodes = self.task_sequence.hand_out_again(envs)
+        if not episodes:
+            return []
+        shown = ", ".join(f"({task}, {init_state})" for task, init_state, _ in episodes[:8])
+        more = f" and {len(episodes) - 8} more" if len(episodes) > 8 else ""
+        log.info("%s: %d episodes handed out again, (task, init state): %s%s", component, len(episodes), shown, more)
+        return [position for _, _, position in episodes]
+
+    def heard_from(self, component: str) -> None:
+        """A worker reported: if it is a respawned one, its start-up is over."""
+        noticed = self.starting.pop(component, None)
+        if noticed is not None:
+            self.stats.seconds_lost += time.monotonic() - noticed
+
+    def chaos_victim(self, processes: list[EngineProcess]) -> EngineProcess | None:
+        """--chaos_kill_every_sec: when it is time, a random running rollout or inference worker, killed here."""
+        if self.next_chaos is None or time.monotonic() < self.next_chaos:
+            return None
+        self.next_chaos = time.monotonic() + self.cfg.debug.chaos_kill_every_sec
+        candidates = [
+            p
+            for p in processes
+            if p.name.startswith(("rollout_worker_", "inference_worker_"))
+            and p.is_alive()
+            and p.name.removesuffix("_process") not in self.starting
+        ]
+        if not candidates:
+            return None
+        victim = self.rng.choice(candidates)
+        self.expected_deaths.add(victim.name.removesuffix("_process"))
+        self.stats.chaos_kills += 1
+        log.warning("chaos: SIGKILL to %s (pid %d), --chaos_kill_every_sec", victim.name, victim.pid)
+        os.kill(victim.pid, os_signal.SIGKILL)
+        return victim

@@ -1,0 +1,208 @@
+"""Supervision of a run's processes, the runner's watch every second: the clock and OS signals, processes that
+died (respawned within --max_respawns, else the run stops naming the cause), hung ones (their stack printed, then
+respawned, or the run stopped for a hung learner), and at the stop the stragglers (ended after
+STOP_TIMEOUT_SEC; a worker still in its start-up after STARTING_STOP_GRACE_SEC).
+
+``Supervision`` is a part of the ``Runner`` (sfengine.engine.runner), kept apart so that each reads as one job: it uses
+the runner's processes, respawner, hang watch and stop policy (``request_stop``, ``_stop_every_rank``)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal as os_signal
+import time
+
+from sfengine.engine.checkpoint import list_checkpoints
+from sfengine.engine.event_loop import Component, EngineProcess
+from sfengine.engine.lifecycle import (
+    STOP_TIMEOUT_SEC,
+    terminate_processes,
+)
+from sfengine.engine.respawn import InboxLockHeld
+from sfengine.evaluation.training_evaluator import EVALUATOR_PROCESS
+
+log = logging.getLogger(__name__)
+
+# A worker still in its start-up when the run stops (building LIBERO simulators can take minutes, and reads no
+# signal) holds no trajectories yet: it is ended this long into the stop rather than waited for STOP_TIMEOUT_SEC.
+STARTING_STOP_GRACE_SEC = 5.0
+
+
+def print_stack(process: EngineProcess) -> None:
+    """Have a hung process print its own stack to stderr (SIGUSR1, see EngineProcess)."""
+    with contextlib.suppress(ProcessLookupError):  # it died meanwhile: nothing to print
+        os.kill(process.pid, os_signal.SIGUSR1)
+        time.sleep(0.5)  # the stack dump is written by the hung process itself
+
+
+class Supervision:
+    """The watch of the runner's processes (mixed into ``Runner``)."""
+
+    def _watch(self) -> None:
+        """Conditions no component can signal: the clock, OS signals, processes that died; then the shutdown."""
+        run = self.cfg.run
+        if self.stop_reason is None:
+            if self.respawner is not None and not self.interrupts:
+                self.respawner.chaos_victim(self.processes)
+            # Deaths first: a stop waiting for the other ranks' agreement must still see this rank's learner die
+            # (as it does when another rank's death breaks the exchange), or it would wait for good.
+            dead = [p for p in self.processes if not p.is_alive()]
+            if dead:
+                self._dead(dead)
+            elif run.train_for_seconds and time.time() - self.stats.started >= run.train_for_seconds:
+                self._stop_every_rank(f"trained for {run.train_for_seconds:g} s")
+            elif self.interrupts:
+                self._stop_every_rank("interrupted by a signal")
+            elif self.hang_watch is not None and (hung := self.hang_watch.hung()):
+                self._stop_hung(hung)
+            elif self.hang_watch is not None and (stuck := self.hang_watch.learner_hung()):
+                self._stop_hung_learner(stuck)
+            return
+        training = [p for p in self.processes if p.name != EVALUATOR_PROCESS]
+        training_done = all(not p.is_alive() for p in training) if training else self.stats.final_learner_report
+        if training_done:
+            if self.final_evaluation is None or self.final_evaluation.over(self):
+                self.event_loop.stop()
+        elif starting := self._still_starting():
+            names = ", ".join(p.name.removesuffix("_process") for p in starting)
+            log.warning("%s still starting as the run stops; ending it (it holds no trajectories yet)", names)
+            terminate_processes(starting)
+        elif self.hang_watch is not None and (hung := self._hung_while_stopping()):
+            self._end_hung_while_stopping(*hung)
+        elif time.time() - self.stop_started > STOP_TIMEOUT_SEC:
+            self._terminate_the_stragglers()
+            self.event_loop.stop()
+
+    def _still_starting(self) -> list[EngineProcess]:
+        """Rollout and inference workers alive and never heard from, STARTING_STOP_GRACE_SEC into the stop."""
+        if time.time() - self.stop_started < STARTING_STOP_GRACE_SEC:
+            return []
+        workers = ("rollout_worker_", "inference_worker_")
+        return [
+            p
+            for p in self.processes
+            if p.name.startswith(workers) and p.is_alive() and p.name.removesuffix("_process") not in self.reported
+        ]
+
+    def _terminate_the_stragglers(self) -> None:
+        """Components still running STOP_TIMEOUT_SEC into the stop are terminated. Only the learner's failing to
+        stop costs anything (its final checkpoint), so only that changes the exit code: workers stuck in an env or
+        a device call, once training is over, do not make a finished run a failed one."""
+        # The evaluator is not one: it goes on during training's stop (FinalEvaluation), and is ended with them.
+        stragglers = [p for p in self.processes if p.is_alive() and p.name != EVALUATOR_PROCESS]
+        names = ", ".join(p.name.removesuffix("_process") for p in stragglers)
+        learner = any(p.name == "learner_process" for p in stragglers)
+        log.error(
+            "components did not stop within %.0f s: %s; terminating them%s",
+            STOP_TIMEOUT_SEC,
+            names,
+            "; the learner's final checkpoint may be missing" if learner else "",
+        )
+        if learner:
+            self.exit_code = 1
+        terminate_processes(self.processes)
+
+    def _dead(self, dead: list[EngineProcess]) -> None:
+        """Respawn dead rollout and inference workers; any other death, or one past --max_respawns, stops the run."""
+        for process in dead:
+            component = process.name.removesuffix("_process")
+            refusal = self._respawn_refusal(component)
+            if refusal is None:
+                log.error("%s died (exit code %s); respawning it", component, process.exitcode)
+                self._respawn(process)
+                continue
+            log.error(
+                "a component process died: %s (exit code %s); %s; stopping the run",
+                process.name,
+                process.exitcode,
+                refusal,
+            )
+            self.request_stop(f"process died: {process.name} (exit code {process.exitcode})", exit_code=1)
+            return
+
+    def _respawn_refusal(self, component: str) -> str | None:
+        """Why ``component`` is not respawned, or None if it is."""
+        if not component.startswith(("rollout_worker_", "inference_worker_")):
+            return "only rollout and inference workers are respawned"
+        if self.respawner is None:
+            return "respawning needs worker processes"
+        return self.respawner.refusal(component)
+
+    def _respawn(self, process: EngineProcess) -> None:
+        component = process.name.removesuffix("_process")
+        self.hang_watch.forget(component)
+        self.reported.discard(component)
+        try:
+            positions = self.respawner.respawn(process, self.processes)
+        except InboxLockHeld as error:
+            log.error("%s cannot be respawned: %s; stopping the run", component, error)
+            self.request_stop(f"respawn failed: {component}", exit_code=1)
+            return
+        if positions:
+            self.episodes_dropped.emit(tuple(positions))
+        if component.startswith("inference_worker_"):
+            self.inference_respawned.emit(int(component.rsplit("_", 1)[1]))
+
+    def _stop_hung(self, component: str) -> None:
+        """Print the hung component's stack (SIGUSR1, see EngineProcess) and what it was doing, then respawn it;
+        past --max_respawns, end it and stop the run: the others save a checkpoint and exit as usual."""
+        process = next(p for p in self.processes if p.name == f"{component}_process")
+        description = self.hang_watch.describe(component)
+        print_stack(process)
+        refusal = self._respawn_refusal(component)
+        if refusal is None:
+            log.error("%s (hung?); its stack is above; respawning it (--hang_timeout_sec)", description)
+            self._respawn(process)
+            return
+        log.error("%s (hung?); its stack is above; %s; stopping the run (--hang_timeout_sec)", description, refusal)
+        self._end_hung_worker(process)
+        self.request_stop(f"hung: {component}", exit_code=1)
+
+    def _end_hung_worker(self, process: EngineProcess) -> None:
+        ended = [process]
+        if process.name.startswith("inference_worker"):
+            # A process stopped or killed inside a queue operation holds that queue's lock for good (the queues'
+            # mutexes are not robust), and an inference worker writes into the rollout workers' inboxes several
+            # thousand times a second: a stop sent there could block the runner forever. Rollout workers have
+            # nothing to save and nothing to do without actions, so they end with it; the learner saves as usual.
+            ended += [p for p in self.processes if p.name.startswith("rollout_worker_") and p.is_alive()]
+        for victim in ended:
+            victim.kill()
+            Component.abandoned_inboxes.append(victim.event_loop.signal_queue)
+            self.hang_watch.forget(victim.name.removesuffix("_process"))
+
+    def _stop_hung_learner(self, description: str) -> None:
+        """Print the stuck learner's stack, end it, and stop the run with exit code 1; the checkpoint to resume
+        from is the last one it wrote before it hung."""
+        process = next(p for p in self.processes if p.name == "learner_process")
+        print_stack(process)
+        saved = list_checkpoints(self.cfg.experiment_dir)
+        kept = f"the last checkpoint is {saved[-1].name}" if saved else "no checkpoint was written yet"
+        log.error("%s (hung?); its stack is above; stopping the run (--hang_timeout_sec); %s", description, kept)
+        process.kill()
+        Component.abandoned_inboxes.append(process.event_loop.signal_queue)
+        self.request_stop("hung: learner", exit_code=1)
+        self.exit_code = 1  # also when it hung in the final save, after the stop had begun
+
+    def _hung_while_stopping(self) -> tuple[str, EngineProcess | None] | None:
+        """A worker still running but silent past --hang_timeout_sec, or a learner stuck in its final update or
+        save, while the run stops: (what it is stuck in, the worker's process or None for the learner)."""
+        running = {p.name.removesuffix("_process"): p for p in self.processes if p.is_alive()}
+        # Only a running learner: one already ended keeps its clock's open update, and would be ended every tick.
+        if "learner" in running and (stuck := self.hang_watch.learner_hung()):
+            return stuck, None
+        component = self.hang_watch.hung(among=running)
+        return (self.hang_watch.describe(component), running[component]) if component else None
+
+    def _end_hung_while_stopping(self, description: str, process: EngineProcess | None) -> None:
+        """A component hung as the run stops is not waited for (STOP_TIMEOUT_SEC) nor respawned: its stack is
+        printed and it is ended. A worker's end costs the run nothing, training is over, so the exit code stays;
+        a learner's costs the final checkpoint, so the run exits with 1."""
+        if process is None:
+            self._stop_hung_learner(description)
+            return
+        print_stack(process)
+        log.error("%s (hung?); its stack is above; ending it, as the run is stopping (--hang_timeout_sec)", description)
+        self._end_hung_worker(process)

@@ -1,0 +1,112 @@
+"""What the runner reports: the status line every --report_every_sec (progress, FPS, return and success, where
+the time goes, the learner's losses), TensorBoard's scalars, and at the end summary.json.
+
+``Reporting`` is a part of the ``Runner`` (sfengine.engine.runner), kept apart so that each reads as one job: it reads
+the runner's statistics (``RunStats``) and writer."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from sfengine.reporting.progress import progress
+from sfengine.reporting.stats import FPS_WINDOWS
+
+log = logging.getLogger(__name__)
+
+
+def learner_line(clip_mode: str, learner: dict[str, float]) -> str:
+    """The policy update's diagnostics for the status line: ``ppo_clip kl 0.0041 clipped 0.06 dead-grad 0.06
+    ess 0.98 ratio 0.71-1.38``."""
+    line = (
+        f"{clip_mode} kl {learner['approx_kl']:.4f} clipped {learner['clip_fraction']:.2f} "
+        f"dead-grad {learner['dead_grad_fraction']:.2f} ess {learner['ess']:.2f} "
+        f"ratio {learner['ratio_min']:.2f}-{learner['ratio_max']:.2f}"
+    )
+    if "sapo_saturated_fraction" in learner:
+        line += f" saturated {learner['sapo_saturated_fraction']:.2f}"
+    if "groups_dropped_fraction" in learner:
+        line += f"  groups dropped {learner['groups_dropped_fraction']:.2f}"
+    if learner.get("critic_warmup"):
+        line += "  critic warm-up: the policy is frozen"
+    return line
+
+
+class Reporting:
+    """The status line and the run's summary (mixed into ``Runner``)."""
+
+    def _status(self) -> None:
+        if not self.leads:
+            return
+        stats, summary = self.stats, self.stats.summary()
+        fps = {w: stats.fps(w) for w in FPS_WINDOWS}
+        requests_per_batch = stats.inference_requests_per_batch()
+        env_cost = stats.env_cost_ms()
+        split = stats.time_split()
+        learner = stats.take_learner_means()
+        ret = summary["episode_return_mean"]
+        done = progress(self.cfg, stats.env_steps, stats.initial_env_steps, summary["wall_seconds"], fps[60] or fps[10])
+        line = (
+            f"[{summary['wall_seconds']:7.1f}s] steps {stats.env_steps:>10,} ({done})  FPS "
+            + "/".join(f"{fps[w]:.0f}" for w in FPS_WINDOWS)
+            + f" (10/60/300s)  return {ret if ret is None else round(ret, 2)}"
+            + (f"  success {summary['success_rate']:.2f}" if "success_rate" in summary else "")
+            + f"  lag {learner.get('policy_lag_mean', float('nan')):.1f}"
+            + (f"  env failures {stats.env_failures}" if stats.env_failures else "")
+            + (f"  respawns {self.respawner.stats.total}" if self.respawner and self.respawner.stats.total else "")
+            + "".join(
+                f"  env {name.removeprefix('env_').removesuffix('_ms')} {value:{'.1f' if value >= 1 else '.3g'}} ms"
+                for name, value in env_cost.items()
+            )
+            + "  time: "
+            + " ".join(f"{name} {100 * value:.0f}%" for name, value in split.items())
+        )
+        print(line, flush=True)
+        if stats.task_successes:
+            print(f"           success per task: {stats.per_task_success_line()}", flush=True)
+        if "approx_kl" in learner:
+            # Named by the algorithm's clip mode where it has one (PPO's --clip_mode).
+            label = getattr(self.cfg.algorithm_options, "clip_mode", self.cfg.learner.algo)
+            print(f"           learner: {learner_line(label, learner)}", flush=True)
+        if self.writer is None:
+            return
+        step = stats.env_steps
+        for w in FPS_WINDOWS:
+            self.writer.add_scalar(f"perf/fps_{w}s", fps[w], step)
+        for name, value in split.items():
+            self.writer.add_scalar(f"perf/time_{name}", value, step)
+        self.writer.add_scalar("perf/inference_requests_per_batch", requests_per_batch, step)
+        for name, value in env_cost.items():
+            self.writer.add_scalar(f"perf/{name}", value, step)
+        for name in ("episode_return_mean", "episode_len_mean", "success_rate", "env_failures"):
+            if summary.get(name) is not None:
+                self.writer.add_scalar(f"episodes/{name}", summary[name], step)
+        for name, value in learner.items():
+            self.writer.add_scalar(f"train/{name}", value, step)
+        for name, value in summary.get("per_task_success", {}).items():
+            self.writer.add_scalar(f"tasks/{name}/success", value, step)
+        if self.respawner is not None:
+            respawns = self.respawner.stats
+            self.writer.add_scalar("failures/respawns", respawns.total, step)
+            self.writer.add_scalar("failures/respawn_dropped_trajectories", respawns.dropped_trajectories, step)
+            self.writer.add_scalar("failures/respawn_seconds_lost", respawns.seconds_lost, step)
+
+    def finish(self) -> dict:
+        """Write summary.json (rank 0) and close TensorBoard; called once the loop has exited."""
+        summary = self.stats.summary()
+        summary.update(stop_reason=self.stop_reason, exit_code=self.exit_code, world_size=self.ranks.world_size)
+        if self.respawner is not None:
+            summary.update(self.respawner.stats.as_dict())
+        if self.evaluations:
+            summary["eval"] = self.evaluations
+        if not self.leads:
+            return summary
+        path = self.cfg.experiment_dir / "summary.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, path)
+        if self.writer is not None:
+            self._status()  # the learner's statistics since the last status, or a run shorter than one has none
+            self.writer.close()
+        return summary

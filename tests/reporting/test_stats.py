@@ -1,0 +1,35 @@
+"""Run statistics: the early stop at a target return or success rate."""
+
+from __future__ import annotations
+
+import math
+
+from sfengine.engine.messages import EpisodeStats
+from sfengine.reporting.stats import RunStats
+
+
+def episodes(returns: list[float], success: float = math.nan) -> list[EpisodeStats]:
+    return [EpisodeStats(episode_return=r, length=10, success=success, task=0) for r in returns]
+
+
+def test_a_target_counts_only_once_the_window_is_full_and_its_mean_reaches_it():
+    stats = RunStats(stats_window=4, initial_env_steps=0)
+    stats.add_episodes(episodes([500.0, 500.0, 500.0]))
+    assert stats.target_reached(400.0, math.inf) is None  # three lucky first episodes are not a full window
+    stats.add_episodes(episodes([90.0]))  # mean 397.5
+    assert stats.target_reached(400.0, math.inf) is None
+    stats.add_episodes(episodes([110.0]))  # the window slides: 500, 500, 90, 110 -> 300
+    assert stats.target_reached(300.0, math.inf) == (
+        "the mean return of the last 4 episodes, 300.0, reached --stop_at_return=300"
+    )
+    assert stats.target_reached(math.inf, math.inf) is None  # the defaults never stop a run
+
+
+def test_a_success_target_reads_the_success_of_the_window():
+    stats = RunStats(stats_window=4, initial_env_steps=0)
+    stats.add_episodes(episodes([1.0, 1.0, 0.0], success=1.0) + episodes([0.0], success=0.0))
+    assert stats.target_reached(math.inf, 0.8) is None  # 3 of 4
+    assert stats.target_reached(math.inf, 0.75) == (
+        "the mean success of the last 4 episodes, 0.750, reached --stop_at_success=0.75"
+    )
+    assert stats.target_reached(0.0, math.inf).startswith("the mean return of the last 4 episodes, 0.5")
