@@ -183,7 +183,7 @@ def test_a_saved_config_with_an_option_this_version_lacks_still_resumes_and_name
 def test_kl_options_must_be_non_negative_and_have_no_meaning_for_flow_sar(name):
     with pytest.raises(ConfigError, match=f"--{name}=-1.0 must not be negative"):
         parse_config([f"--{name}=-1"])
-    with pytest.raises(ConfigError, match="--flow_sar_kl_coeff"):
+    with pytest.raises(ConfigError, match=f"--{name} .* is an option of --algo=ppo, not of --algo=flow_sar"):
         parse_config(
             [
                 "--env=multitask_reach",
@@ -239,7 +239,7 @@ def test_auto_is_held_as_a_marker_that_survives_a_saved_config_and_a_process_bou
 
 def test_each_clip_mode_brings_its_own_target_kl_unless_the_run_sets_one(tmp_path):
     def target_kl(*args: str) -> float:
-        return parse_config(["--cfg=cartpole", f"--train_dir={tmp_path}", *args]).learner.target_kl
+        return parse_config(["--cfg=cartpole", f"--train_dir={tmp_path}", *args]).get("target_kl")
 
     assert target_kl() == 0.0  # ppo_clip's clip is its trust region
     for mode in ("soft_clip", "sapo", "ce_gppo", "cispo"):
@@ -266,3 +266,33 @@ def test_evaluate_only_options_leave_the_training_command_and_old_saved_runs_res
     (tmp_path / "default_experiment" / "config.json").write_text(json.dumps(old))
     parse_config([f"--train_dir={tmp_path}"])
     assert "ignoring" not in capsys.readouterr().err
+
+
+def test_ppo_settings_saved_in_the_learner_group_resume_into_ppos_own(tmp_path, capsys):
+    # Until 2026-11-27 --ppo_clip_ratio, --target_kl, ... were the learner group's, and every run saved them there.
+    old = Config().to_dict()
+    moved = {"ppo_clip_ratio": 0.1, "ppo_clip_value": 0.0, "value_loss_coeff": 0.25, "kl_coeff": 0.5, "target_kl": 0.02}
+    moved |= {"normalize_advantage": False, "vtrace_rho": 0.9, "vtrace_c": 0.8, "critic_warmup_batches": 3}
+    for name in moved:
+        del old["ppo"][name]
+    old["learner"].update(moved)
+    (tmp_path / "default_experiment").mkdir()
+    (tmp_path / "default_experiment" / "config.json").write_text(json.dumps(old))
+    cfg = parse_config([f"--train_dir={tmp_path}"])
+    assert {name: cfg.get(name) for name in moved} == moved
+    assert all(name in cfg.to_dict()["ppo"] and name not in cfg.to_dict()["learner"] for name in moved)
+    assert "ignoring" not in capsys.readouterr().err
+    # A FlowSAR run saved then held them too (at their defaults): it resumes, they are not its options.
+    old["learner"].update(algo="flow_sar", kl_coeff=0.0, target_kl=0.0, critic_warmup_batches=0)
+    old["env"].update(env="sparse_reach", group_outcome="success", task_group_size=1)
+    old["model"].update(policy_head="flow")
+    (tmp_path / "default_experiment" / "config.json").write_text(json.dumps(old))
+    assert parse_config([f"--train_dir={tmp_path}"]).own_groups() == ["flow_sar"]
+
+
+def test_a_run_once_restarted_resumes_when_started_again_without_the_flag(tmp_path):
+    cfg = parse_config([f"--train_dir={tmp_path}", "--restart_behavior=restart"])
+    cfg.experiment_dir.mkdir()
+    save_config(cfg, cfg.experiment_dir / "config.json")
+    assert parse_config([f"--train_dir={tmp_path}"]).run.restart_behavior == "resume"
+    assert parse_config([f"--train_dir={tmp_path}", "--restart_behavior=overwrite"]).run.restart_behavior == "overwrite"

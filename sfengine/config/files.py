@@ -131,6 +131,9 @@ def load_saved_config(path: Path) -> dict[str, Any]:
     table = option_table()
     for name in COMMAND_OPTIONS:
         flat.pop(name, None)  # saved before they moved to their command's own options: nothing to warn about
+    # What to do with an existing run is each invocation's own choice: a run once started with
+    # --restart_behavior=restart resumes when started again without it.
+    flat.pop("restart_behavior", None)
     retired = sorted(name for name in flat if name not in table)
     if retired:
         print(f"{path}: ignoring {', '.join(retired)}, which this version of sfengine does not have", file=sys.stderr)

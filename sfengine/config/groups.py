@@ -73,30 +73,13 @@ class LearnerConfig:
     adam_eps: float = option(1e-6, "Adam epsilon")
     gamma: float = option(0.99, "discount factor")
     gae_lambda: float = option(0.95, "GAE lambda")
-    ppo_clip_ratio: float = option(0.2, "PPO clip on the probability ratio")
-    ppo_clip_value: float = option(1.0, "clip on the change of the value prediction (0: no value clipping)")
-    value_loss_coeff: float = option(0.5, "weight of the value loss")
     entropy_coeff: float = option(0.003, "weight of the entropy bonus")
-    kl_coeff: float = option(
-        0.0,
-        "weight of a penalty on the KL divergence from the policy the run started from (its --init_from clone; "
-        "kept in checkpoints), estimated per sample as GRPO does; keeps a long fine-tuning near its clone; 0: off",
-    )
-    target_kl: float = option(
-        0.0,
-        "end an update early, before its next minibatch step, once a step's approximate KL from the acting policy "
-        "passed 1.5 x this (the ranks' mean), as CleanRL and SB3 do: no batch moves the policy far; 0: off. Unset, "
-        "--algo=ppo takes its --clip_mode's: off for ppo_clip, 0.01 for soft_clip, sapo, ce_gppo and cispo",
-    )
     max_grad_norm: float = option(4.0, "gradient norm clip (0: off)")
-    normalize_advantage: bool = option(True, "normalise advantages per minibatch")
     reward_scale: float = option(
         1.0,
         "multiply rewards by this before learning (stats keep the raw reward); rarely needed with --normalize_returns",
     )
     reward_clip: float = option(0.0, "clip scaled rewards to [-x, x] (0: off)")
-    vtrace_rho: float = option(1.0, "V-trace importance-weight clip for the value targets")
-    vtrace_c: float = option(1.0, "V-trace trace-cutting clip")
     learner_threads: int = option(1, "torch CPU threads in the learner process (rollout and inference use 1)")
     learner_backend: str = option(
         "auto",
@@ -106,12 +89,6 @@ class LearnerConfig:
         ("auto", "torch", "numpy"),
     )
     device: str = option("cpu", "device of the learner and inference workers", ("cpu", "cuda"))
-    critic_warmup_batches: int = option(
-        0,
-        "train the value head alone for the first N training batches: the policy's weights, its log-std and the "
-        "observation statistics stay as they start (the workers act with the initial policy, e.g. one from "
-        "--init_from); with --actor_critic=shared the encoder is the policy's and stays too, only the value head moves",
-    )
     algo: str = option(
         "ppo",
         "ppo (the policy surrogate of --clip_mode with the advantages of --advantage), flow_sar (a flow-matching "

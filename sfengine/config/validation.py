@@ -63,19 +63,15 @@ def validate(cfg: Config) -> None:
         )
     if s.serial_mode and s.num_inference_workers != 1:
         raise ConfigError("--serial_mode runs one inference component; leave --num_inference_workers at 1")
-    for name in ("learning_rate", "gamma", "ppo_clip_ratio"):
+    for name in ("learning_rate", "gamma"):
         if getattr(lrn, name) <= 0:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must be positive")
     if not 0 < lrn.gamma <= 1 or not 0 <= lrn.gae_lambda <= 1:
         raise ConfigError("--gamma must be in (0, 1] and --gae_lambda in [0, 1]")
     for name in (
-        "ppo_clip_value",
         "max_grad_norm",
         "reward_clip",
         "entropy_coeff",
-        "value_loss_coeff",
-        "kl_coeff",
-        "target_kl",
     ):
         if getattr(lrn, name) < 0:
             raise ConfigError(f"--{name}={getattr(lrn, name)} must not be negative")
@@ -85,13 +81,6 @@ def validate(cfg: Config) -> None:
     from sfengine.algorithms import algorithm_for
 
     algorithm = algorithm_for(cfg)  # an unregistered --algo is an error here
-    if lrn.critic_warmup_batches < 0:
-        raise ConfigError(f"--critic_warmup_batches={lrn.critic_warmup_batches} must not be negative")
-    if lrn.critic_warmup_batches and not algorithm.needs_critic(cfg):
-        raise ConfigError(
-            f"--critic_warmup_batches trains the value head, and this run has none ({algorithm.summary(cfg)}): drop "
-            "it, or train with --advantage=gae or vtrace"
-        )
     if algorithm.validate is not None:
         algorithm.validate(cfg)
     if cfg.model.action_chunk < 1:

@@ -67,8 +67,6 @@ def numpy_learner_unsupported_reason(cfg: Config, model: ActorCritic) -> str | N
         return f"the learner runs on --device={cfg.learner.device}"
     if reason := numpy_unsupported_reason(model):
         return reason
-    if cfg.learner.kl_coeff > 0:
-        return "the KL penalty (--kl_coeff) runs in torch"
     if reason := algorithm.numpy_learner(cfg):
         return reason
     if model.state_dependent_std:
@@ -248,7 +246,7 @@ class NumpyStep:
     ) -> StepStats:
         """``PPOTrainer._step``'s loss and optimiser step on one minibatch; ``value_anchors``: the acting critic's
         values and the value targets in the critic's units (None without a critic)."""
-        cfg = self.cfg.learner
+        cfg, ppo = self.cfg.learner, self.cfg.algorithm_options  # PPO's (the one algorithm with a numpy step)
         x = self._inputs(obs)
         n = x.shape[0]
         actor = self._forward(self.actor_trunk, x)
@@ -278,7 +276,7 @@ class NumpyStep:
         # within the range (the clamp passes it there); elsewhere it is cut off.
         log_ratio = log_probs - old_log_prob
         ratio = np.exp(log_ratio)
-        low, high = 1.0 - cfg.ppo_clip_ratio, 1.0 + cfg.ppo_clip_ratio
+        low, high = 1.0 - ppo.ppo_clip_ratio, 1.0 + ppo.ppo_clip_ratio
         unclipped, clipped = ratio * advantage, np.clip(ratio, low, high) * advantage
         policy_loss = -float(np.minimum(unclipped, clipped).mean())
         live = (unclipped < clipped) | ((ratio >= low) & (ratio <= high))
@@ -304,17 +302,17 @@ class NumpyStep:
             errors = values - targets
             squared = errors * errors
             grad_values = errors
-            if cfg.ppo_clip_value:
+            if ppo.ppo_clip_value:
                 moved = values - old_values
-                clipped_errors = old_values + np.clip(moved, -cfg.ppo_clip_value, cfg.ppo_clip_value) - targets
+                clipped_errors = old_values + np.clip(moved, -ppo.ppo_clip_value, ppo.ppo_clip_value) - targets
                 clipped_squared = clipped_errors * clipped_errors
                 # The larger error wins; the clipped one passes a gradient only where the clamp did not bite.
                 use_clipped = clipped_squared > squared
-                inside = np.abs(moved) <= cfg.ppo_clip_value
+                inside = np.abs(moved) <= ppo.ppo_clip_value
                 grad_values = np.where(use_clipped, np.where(inside, clipped_errors, 0.0), errors)
                 squared = np.maximum(squared, clipped_squared)
             value_loss = 0.5 * float(squared.mean())
-            grad_values = (grad_values * (cfg.value_loss_coeff / n)).astype(np.float32)[:, None]
+            grad_values = (grad_values * (ppo.value_loss_coeff / n)).astype(np.float32)[:, None]
 
         # Backward. A shared trunk gets the value head's gradient too; in a critic warm-up the policy gets none (its
         # slice of the gradient stays 0 and Adam leaves it alone).
@@ -326,7 +324,7 @@ class NumpyStep:
         if self.train_policy:
             self._backward(self.actor_trunk, actor, grad_params, grad_features)
 
-        loss = policy_loss + cfg.value_loss_coeff * value_loss - cfg.entropy_coeff * mean_entropy
+        loss = policy_loss + ppo.value_loss_coeff * value_loss - cfg.entropy_coeff * mean_entropy
         grad_norm, finite = self._apply_gradients()
         diagnostics = {
             "clip_fraction": float(((ratio < low) | (ratio > high)).mean()),

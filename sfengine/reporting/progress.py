@@ -46,8 +46,6 @@ def start_block(cfg: Config, resumed_env_steps: int = 0, world_size: int = 1) ->
     ]
     if cfg.eval.eval_every_env_steps:
         lines.insert(3, f"  evaluates every {cfg.eval.eval_every_env_steps:,} env steps in a separate process")
-    if lrn.critic_warmup_batches:
-        lines.insert(3, f"  critic warm-up: the first {lrn.critic_warmup_batches} batches train the value head alone")
     return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ def make_trainer(actor_critic: str) -> PPOTrainer:
     cfg = Config()
     cfg.model.actor_critic = actor_critic
     cfg.learner.batch_size, cfg.learner.num_batches_per_epoch = 64, 2
-    cfg.learner.critic_warmup_batches = WARMUP
+    cfg.set("critic_warmup_batches", WARMUP)
     torch.manual_seed(0)
     return PPOTrainer(ActorCritic(OBS_SPEC, ACTION_SPEC, cfg.model), cfg)
 

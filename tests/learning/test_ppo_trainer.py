@@ -27,7 +27,7 @@ LEARNER_VERSION = 10
 BOOTSTRAP_OBS = 1000.0  # far from every real observation, so statistics that include it are visibly off
 
 
-def make_trainer(action_chunk: int = 1, **learner_options) -> PPOTrainer:
+def make_trainer(action_chunk: int = 1, **options) -> PPOTrainer:
     """The torch step (several tests spy on its loss and optimiser; tests/learning/test_numpy_step.py holds the numpy
     step to it)."""
     cfg = Config()
@@ -36,8 +36,8 @@ def make_trainer(action_chunk: int = 1, **learner_options) -> PPOTrainer:
     cfg.learner.batch_size, cfg.learner.num_batches_per_epoch, cfg.learner.num_epochs = 32, 4, 3
     cfg.learner.learning_rate = 3e-3
     cfg.run.train_for_env_steps = 1000
-    for name, value in learner_options.items():
-        setattr(cfg.learner, name, value)
+    for name, value in options.items():
+        cfg.set(name, value)  # flat, as on the command line: the learner group's and PPO's alike
     torch.manual_seed(0)
     return PPOTrainer(ActorCritic(OBS_SPEC, ACTION_SPEC, cfg.model), cfg)
 

@@ -52,7 +52,7 @@ class FlowSAROptions:
 
 
 def validate(cfg: Config) -> None:
-    sar, lrn = cfg.algorithm_options, cfg.learner
+    sar = cfg.algorithm_options
     if cfg.model.policy_head != "flow":
         raise ConfigError("--algo=flow_sar trains a flow-matching policy: add --policy_head=flow")
     if cfg.env.group_outcome != "success":
@@ -62,11 +62,6 @@ def validate(cfg: Config) -> None:
         )
     if not cfg.sampler.async_rl:
         raise ConfigError("--algo=flow_sar trains on whole episodes, which end at their own times: use --async_rl=true")
-    if lrn.kl_coeff or lrn.target_kl:
-        raise ConfigError(
-            "--kl_coeff and --target_kl measure a Gaussian or categorical policy's divergence; FlowSAR has its own "
-            "term: drop them and use --flow_sar_kl_coeff"
-        )
     if not 0 < sar.flow_sar_t_min <= sar.flow_sar_t_max <= 1 or not 0 < sar.flow_sar_tau_mid <= 1:
         raise ConfigError("--flow_sar_t_min <= --flow_sar_t_max and --flow_sar_tau_mid must lie in (0, 1]")
     if sar.flow_sar_temperature <= 0 or not 0 <= sar.flow_sar_w_min < sar.flow_sar_w_max:

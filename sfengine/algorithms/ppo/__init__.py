@@ -54,6 +54,17 @@ def validate(cfg: Config) -> None:
             f"--advantage={advantage} has no groups: use --advantage=rloo or grpo, or drop the option"
         )
     validate_policy_loss(ppo_options(cfg))
+    options = ppo_options(cfg)
+    if options.ppo_clip_ratio <= 0:
+        raise ConfigError(f"--ppo_clip_ratio={options.ppo_clip_ratio} must be positive")
+    for name in ("ppo_clip_value", "value_loss_coeff", "kl_coeff", "target_kl", "critic_warmup_batches"):
+        if getattr(options, name) < 0:
+            raise ConfigError(f"--{name}={getattr(options, name)} must not be negative")
+    if options.critic_warmup_batches and grouped:
+        raise ConfigError(
+            f"--critic_warmup_batches trains the value head, and --advantage={advantage} has none: drop it, or train "
+            "with --advantage=gae or vtrace"
+        )
 
 
 def validate_policy_loss(policy: PPOOptions) -> None:
@@ -80,11 +91,14 @@ def validate_policy_loss(policy: PPOOptions) -> None:
 def defaults(cfg: Config, given: set[str]) -> None:
     """A clip mode's own trust region: its --target_kl (``register_surrogate``), unless the run sets one."""
     if "target_kl" not in given:
-        cfg.learner.target_kl = SURROGATE_TARGET_KL.get(ppo_options(cfg).clip_mode, 0.0)
+        ppo_options(cfg).target_kl = SURROGATE_TARGET_KL.get(ppo_options(cfg).clip_mode, 0.0)
 
 
 def numpy_learner_unsupported(cfg: Config) -> str | None:
-    """Why the numpy learner cannot take PPO's step in this run, or None (it has the ppo_clip surrogate)."""
+    """Why the numpy learner cannot take PPO's step in this run, or None (it has the ppo_clip surrogate and no KL
+    penalty)."""
+    if ppo_options(cfg).kl_coeff > 0:
+        return "the KL penalty (--kl_coeff) runs in torch"
     mode = ppo_options(cfg).clip_mode
     return None if mode == "ppo_clip" else f"--clip_mode={mode} runs in torch (numpy has ppo_clip)"
 
@@ -96,8 +110,12 @@ def describe(cfg: Config) -> str:
         words += f", groups of {cfg.env.task_group_size}"
     if ppo_options(cfg).clip_mode != "ppo_clip":
         words += f", {ppo_options(cfg).clip_mode}"
-    if cfg.learner.target_kl:
-        words += f", target KL {cfg.learner.target_kl:g}"
+    if ppo_options(cfg).target_kl:
+        words += f", target KL {ppo_options(cfg).target_kl:g}"
+    if ppo_options(cfg).critic_warmup_batches:
+        words += (
+            f", critic warm-up: the first {ppo_options(cfg).critic_warmup_batches} batches train the value head alone"
+        )
     return words
 
 

@@ -2,8 +2,10 @@
 a critic: gae, vtrace; critic-free, from the outcomes of a group of episodes of one (task, init state):
 ``sfengine.algorithms.group_advantages``), and the policy surrogate (``sfengine.algorithms.ppo.surrogates``): how the ratio
 r = pi / pi_old and the advantage make the policy loss. Defaults of the modes' parameters are the published ones.
-The learner group's PPO settings (``--ppo_clip_ratio``, ``--gae_lambda``, ...) predate this group and keep their
-names and place."""
+Then PPO's loss and update: the clip (``--ppo_clip_ratio``), the value loss, the KL penalty and early stop, V-trace's
+clips and the critic warm-up. The learner group keeps what every algorithm reads (``--gamma``, ``--gae_lambda``,
+``--entropy_coeff``, ...). Names are flat on the command line, so presets and saved runs from before this group
+load as they are."""
 
 from __future__ import annotations
 
@@ -71,4 +73,27 @@ class PPOOptions:
     cispo_eps_high: float = option(
         PUBLISHED.cispo_eps_high,
         "cispo: the weight is clipped above at 1 + eps_high (0.28, the default of Trinity-RFT's CISPO)",
+    )
+    ppo_clip_ratio: float = option(0.2, "PPO clip on the probability ratio")
+    ppo_clip_value: float = option(1.0, "clip on the change of the value prediction (0: no value clipping)")
+    value_loss_coeff: float = option(0.5, "weight of the value loss")
+    kl_coeff: float = option(
+        0.0,
+        "weight of a penalty on the KL divergence from the policy the run started from (its --init_from clone; "
+        "kept in checkpoints), estimated per sample as GRPO does; keeps a long fine-tuning near its clone; 0: off",
+    )
+    target_kl: float = option(
+        0.0,
+        "end an update early, before its next minibatch step, once a step's approximate KL from the acting policy "
+        "passed 1.5 x this (the ranks' mean), as CleanRL and SB3 do: no batch moves the policy far; 0: off. Unset, "
+        "--algo=ppo takes its --clip_mode's: off for ppo_clip, 0.01 for soft_clip, sapo, ce_gppo and cispo",
+    )
+    normalize_advantage: bool = option(True, "normalise advantages per minibatch")
+    vtrace_rho: float = option(1.0, "V-trace importance-weight clip for the value targets")
+    vtrace_c: float = option(1.0, "V-trace trace-cutting clip")
+    critic_warmup_batches: int = option(
+        0,
+        "train the value head alone for the first N training batches: the policy's weights, its log-std and the "
+        "observation statistics stay as they start (the workers act with the initial policy, e.g. one from "
+        "--init_from); with --actor_critic=shared the encoder is the policy's and stays too, only the value head moves",
     )

@@ -37,10 +37,10 @@ class PPOTrainer(Trainer):
         self.options = options = cfg.options_group(PPOOptions.group)
         self.clip_mode = options.clip_mode
         mode_params = {name: getattr(options, name) for name in SurrogateParams._fields if name != "clip_ratio"}
-        self.surrogate_params = SurrogateParams(clip_ratio=cfg.learner.ppo_clip_ratio, **mode_params)
+        self.surrogate_params = SurrogateParams(clip_ratio=options.ppo_clip_ratio, **mode_params)
         # --kl_coeff: the policy as the run started (its --init_from clone), frozen with its own observation
         # statistics, so it stays the function it was; a resumed run takes it from the checkpoint (load_state_dict).
-        self.kl_reference = copy.deepcopy(model).requires_grad_(False) if cfg.learner.kl_coeff > 0 else None
+        self.kl_reference = copy.deepcopy(model).requires_grad_(False) if options.kl_coeff > 0 else None
         # --learner_backend: who takes the minibatch steps. numpy: the same step without torch's per-op overhead
         # (sfengine.numpy_backend.step), which holds the weights while it runs and gives them back at end().
         numpy = choose_learner_backend(cfg, model) == "numpy"
@@ -67,7 +67,7 @@ class PPOTrainer(Trainer):
         else:
             # Critic warm-up: the learner's version counts the batches trained (on resume too). The policy's
             # parameters get no gradient, so Adam leaves them bit-identical, and the observation statistics wait.
-            warming_up = learner_version < self.cfg.learner.critic_warmup_batches
+            warming_up = learner_version < self.options.critic_warmup_batches
             for param in self.model.policy_parameters():
                 param.requires_grad_(not warming_up)
             self.train_policy = not warming_up
@@ -139,7 +139,7 @@ class PPOTrainer(Trainer):
                     break
                 part = slice(start, start + size)
                 actions, minibatch_old_log_probs, minibatch_advantages = (t[part] for t in shuffled)
-                if cfg.normalize_advantage:
+                if self.options.normalize_advantage:
                     minibatch_advantages = normalize_advantages(minibatch_advantages)
                 self._step(
                     {key: obs[order[part]] for key, obs in flat_obs.items()},
@@ -214,7 +214,6 @@ class PPOTrainer(Trainer):
         value_anchors: tuple[Tensor, Tensor] | None,
     ) -> StepStats:
         """The torch backend's minibatch step (``TorchStep``): losses, the KL penalty, backward, clipped Adam step."""
-        cfg = self.cfg.learner
         log_probs, losses = self.minibatch_losses(obs, actions, old_log_probs, advantages, value_anchors)
         loss, extra, diagnostics = losses.loss, {}, None
         if self.kl_reference is not None:
@@ -224,7 +223,7 @@ class PPOTrainer(Trainer):
                     self.kl_reference.policy_params(obs), actions
                 )
             kl = kl_penalty(log_probs, reference_log_probs)
-            loss = loss + cfg.kl_coeff * kl
+            loss = loss + self.options.kl_coeff * kl
             extra["kl_to_reference"] = float(kl.detach())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -257,9 +256,9 @@ class PPOTrainer(Trainer):
             advantages,
             *value_terms,
             entropy,
-            clip_ratio=cfg.ppo_clip_ratio,
-            value_clip=cfg.ppo_clip_value or None,
-            value_loss_coeff=cfg.value_loss_coeff,
+            clip_ratio=self.options.ppo_clip_ratio,
+            value_clip=self.options.ppo_clip_value or None,
+            value_loss_coeff=self.options.value_loss_coeff,
             entropy_coeff=cfg.entropy_coeff,
             clip_mode=self.clip_mode,
             surrogate_params=self.surrogate_params,
@@ -270,7 +269,7 @@ class PPOTrainer(Trainer):
         """Add one minibatch step's losses and diagnostics to the update's sums (``train`` averages them), and end
         the update at --target_kl."""
         self.steps_taken += 1
-        target = self.cfg.learner.target_kl
+        target = self.options.target_kl
         if target > 0:
             # The ranks' mean, so that every rank ends its update at the same step (each step all-reduces).
             kl = self.group.sum(torch.tensor([diagnostics["approx_kl"]], device=self.group.device))
@@ -303,7 +302,6 @@ class PPOTrainer(Trainer):
         self, batch: TrajectoryBuffers, rewards: Tensor, episode_ends: tuple[Tensor, Tensor, Tensor]
     ) -> tuple[Tensor, Tensor]:
         """V-trace targets from the current policy and critic over all T + 1 entries of each trajectory."""
-        cfg = self.cfg.learner
         num_traj, entries = batch.values.shape
         params, values = self.model(self._every_entry(batch))
         actions = batch.actions.reshape(num_traj * entries, *batch.actions.shape[2:])
@@ -311,6 +309,12 @@ class PPOTrainer(Trainer):
         log_rhos = (log_probs.view(num_traj, entries) - batch.log_probs)[:, :-1]
         values = values.view(num_traj, entries)
         value_targets, pg_advantages = vtrace(
-            rewards, values, *episode_ends, log_rhos, self.gamma, rho_clip=cfg.vtrace_rho, c_clip=cfg.vtrace_c
+            rewards,
+            values,
+            *episode_ends,
+            log_rhos,
+            self.gamma,
+            rho_clip=self.options.vtrace_rho,
+            c_clip=self.options.vtrace_c,
         )
         return pg_advantages, value_targets
