@@ -47,18 +47,22 @@ class EpisodeStart(NamedTuple):
 
 
 class EpisodeSource:
-    """Where an env's episodes come from (free-running: the env's own seed at its first reset, none after)."""
+    """Where an env's episodes come from: the strategy ``EnvGroup`` asks at every reset."""
 
     def next(self, env: int, task: int, default_seed: int | None) -> EpisodeStart | None:
         """Env ``env`` (playing ``task``) resets: its next episode, or None when there is none left for it.
         ``default_seed``: the env's own seed at its first reset, None afterwards."""
-        return EpisodeStart(default_seed)
+        raise NotImplementedError
 
     def record(self, task: int, success: bool) -> None:
         """An episode of ``task`` ended with a known success."""
 
 
-SeedSource = EpisodeSource
+class SeedSource(EpisodeSource):
+    """Free-running: the env's own seed at its first reset, none after (the env's RNG carries on)."""
+
+    def next(self, env: int, task: int, default_seed: int | None) -> EpisodeStart | None:
+        return EpisodeStart(default_seed)
 
 
 class SequenceSource(EpisodeSource):

@@ -63,7 +63,7 @@ class PPOTrainer(Trainer):
         self.train_policy = True
         self.steps_taken, self.stopped_at_target_kl = 0, False
         if isinstance(batch, GroupBatch):
-            stats = self._train_on_groups(batch, learner_version)
+            stats = self._train_on_groups(batch)
         else:
             # Critic warm-up: the learner's version counts the batches trained (on resume too). The policy's
             # parameters get no gradient, so Adam leaves them bit-identical, and the observation statistics wait.
@@ -71,7 +71,7 @@ class PPOTrainer(Trainer):
             for param in self.model.policy_parameters():
                 param.requires_grad_(not warming_up)
             self.train_policy = not warming_up
-            stats = self._train_with_critic(batch, learner_version, update_normalizers=not warming_up)
+            stats = self._train_with_critic(batch, update_normalizers=not warming_up)
             stats["critic_warmup"] = float(warming_up)
         stats.update({name: total / max(self.steps_taken, 1) for name, total in self.sums.items()})
         stats["target_kl_stop"] = float(self.stopped_at_target_kl)
@@ -82,9 +82,7 @@ class PPOTrainer(Trainer):
         )
         return stats
 
-    def _train_with_critic(
-        self, batch: TrajectoryBuffers, learner_version: int, update_normalizers: bool = True
-    ) -> dict[str, float]:
+    def _train_with_critic(self, batch: TrajectoryBuffers, update_normalizers: bool = True) -> dict[str, float]:
         """GAE or V-trace advantages from the critic, over ``B`` trajectories of ``T`` steps."""
         cfg = self.cfg.learner
         num_traj, horizon = batch.rewards.shape[0], batch.rewards.shape[1] - 1
@@ -164,7 +162,7 @@ class PPOTrainer(Trainer):
             stats.update(return_mean=float(return_stats.stats.mean), return_std=float(return_stats.std()))
         return stats
 
-    def _train_on_groups(self, batch: GroupBatch, learner_version: int) -> dict[str, float]:
+    def _train_on_groups(self, batch: GroupBatch) -> dict[str, float]:
         """Critic-free: every step of episode i gets its group advantage A_i (``sfengine.algorithms.group_advantages``).
         The advantages are used as they are, not renormalised per minibatch: that would shift the zero advantage
         of a group with equal outcomes, and a group's own centring is the baseline."""
