@@ -28,7 +28,7 @@ RECORDING_SCRIPT = textwrap.dedent(
     real = ppo_trainer.PPOTrainer._train_on_groups
 
 
-    def recording(self, batch, learner_version):
+    def recording(self, batch):
         n, size = batch.num_steps, batch.outcomes.shape[1]
         record = {{
             "obs": batch.obs["obs"][:n].tolist(),
@@ -40,7 +40,7 @@ RECORDING_SCRIPT = textwrap.dedent(
         }}
         with open({log!r}, "a") as f:
             f.write(json.dumps(record) + "\\n")
-        return real(self, batch, learner_version)
+        return real(self, batch)
 
 
     # Top level: spawned processes import this module too, so the learner process records as well.
