@@ -19,6 +19,10 @@ A spec (``Algorithm``) declares what the engine needs and nothing more:
     annotate       the acting side's hook (FlowSAR's self-annotation): (cfg, reference, obs, actions) -> the
                    annotation fields of each step, computed with the trainer's ``reference`` policy, which is
                    published beside the policy; None for an algorithm that annotates nothing
+    final_obs      whether a batch keeps each truncated episode's last observation at its step (``final_obs`` of
+                   TrajectoryBuffers): what a Q-learning target bootstraps from at a time limit (SAC: yes)
+    model(cfg, obs_spec, action_spec)   the policy it acts with when --model is the default (SAC's squashed
+                   Gaussian); None: the engine's ActorCritic
     defaults(cfg, given)   the defaults it chooses from the run's other settings: it sets options that no layer
                    (preset, saved config, command line) gave; ``given`` names those that were given (PPO: the
                    --target_kl of its --clip_mode)
@@ -48,6 +52,8 @@ class Algorithm:
     critic: bool | Callable[[Config], bool] = True
     batch: str | Callable[[Config], str] = TRAJECTORIES
     annotate: Callable[..., Any] | None = None
+    final_obs: bool = False
+    model: Callable[..., Any] | None = None
     defaults: Callable[[Config, set[str]], None] | None = None
     numpy_learner: Callable[[Config], str | None] | None = None
     title: str = ""
@@ -85,7 +91,12 @@ class Algorithm:
         from sfengine.engine.buffers import TrajectoryBuffers
 
         return TrajectoryBuffers.allocate(
-            cfg.trajectories_per_training_batch, cfg.sampler.rollout, obs_spec, action_spec, shared=False
+            cfg.trajectories_per_training_batch,
+            cfg.sampler.rollout,
+            obs_spec,
+            action_spec,
+            shared=False,
+            final_obs=self.final_obs,
         )
 
     def make_batcher(self, cfg: Config, event_loop, buffers, task_sequence):
@@ -128,6 +139,7 @@ def register_algorithm(name: str, spec: Algorithm) -> None:
 def load_builtin_algorithms() -> None:
     import sfengine.algorithms.flow_sar  # noqa: F401  (each registers itself)
     import sfengine.algorithms.ppo  # noqa: F401
+    import sfengine.algorithms.sac  # noqa: F401
 
 
 def algorithm_for(cfg: Config) -> Algorithm:

@@ -18,6 +18,11 @@ FlowSAR (``--algo=flow_sar``) adds what the inference worker's self-annotation w
 reference policy: ``recon_errors`` [.., T+1], ``flow_times`` [.., T+1], ``flow_noise`` and ``v_old`` [.., T+1, D]
 (D = the action chunk's size; 0 in other runs, so they cost nothing there).
 
+An algorithm that learns from transitions (``Algorithm(final_obs=True)``: SAC) adds ``final_obs[key]`` [.., T+1,
+*shape]: at the step where an episode was truncated (a time limit, a chunk cut short, a failed env step) the
+episode's last observation, which entry t + 1 cannot hold (it is the next episode's first); written by the rollout
+worker, an empty dict in other runs.
+
 With action chunks (``--action_chunk=K``) an entry is one chunk: its observation is the chunk's first, its action
 the K env actions, its reward their discounted sum, and ``chunk_steps`` the env steps it took (K, or fewer where the
 episode ended inside it; 1 without chunks).
@@ -36,7 +41,7 @@ their owner after copying them into a training batch, so a buffer is never writt
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor
@@ -51,6 +56,7 @@ POLICY_FIELDS = ("actions", "log_probs", "values", "versions")
 ANNOTATION_FIELDS = ("recon_errors", "flow_times", "flow_noise", "v_old")
 # What entry T of a rollout hands to entry 0 of the next: the observation, its policy output, and its episode.
 CARRIED_FIELDS = (*POLICY_FIELDS, *ANNOTATION_FIELDS, "episode_positions")
+OBS_FIELDS = ("obs", "final_obs")  # the dicts of observation tensors, by key
 NO_ENV = -1  # SplitState.stepping_env when no env of the split is inside step or reset
 
 
@@ -81,12 +87,21 @@ class TrajectoryBuffers:
     flow_times: Tensor  # FlowSAR: the training point's flow time t
     flow_noise: Tensor  # FlowSAR: its noise eps [.., D]
     v_old: Tensor  # FlowSAR: the reference's velocity there [.., D]
+    final_obs: dict[str, Tensor] = field(default_factory=dict)  # a truncated episode's last observation
 
     @classmethod
     def allocate(
-        cls, num: int, rollout: int, obs_spec: ObsSpec, action_spec: ActionSpec, shared: bool, annotated: bool = False
+        cls,
+        num: int,
+        rollout: int,
+        obs_spec: ObsSpec,
+        action_spec: ActionSpec,
+        shared: bool,
+        annotated: bool = False,
+        final_obs: bool = False,
     ) -> TrajectoryBuffers:
-        """``annotated``: room for FlowSAR's self-annotation (its per-entry vectors are empty otherwise)."""
+        """``annotated``: room for FlowSAR's self-annotation (its per-entry vectors are empty otherwise);
+        ``final_obs``: room for truncated episodes' last observations."""
         alloc = shared_zeros if shared else (lambda shape, dtype: torch.zeros(shape, dtype=dtype))
         steps = (num, rollout + 1)
         annotation = (action_spec.dim if annotated else 0,)
@@ -107,13 +122,30 @@ class TrajectoryBuffers:
             flow_times=alloc(steps, torch.float32),
             flow_noise=alloc(steps + annotation, torch.float32),
             v_old=alloc(steps + annotation, torch.float32),
+            final_obs={key: alloc(steps + shape, obs_spec.dtypes[key]) for key, shape in obs_spec.shapes.items()}
+            if final_obs
+            else {},
         )
 
     def tensors(self) -> dict[str, Tensor]:
-        """Every tensor by a flat name (``obs.<key>`` for observations)."""
+        """Every tensor by a flat name (``obs.<key>`` and ``final_obs.<key>`` for observations)."""
         out = {f"obs.{key}": t for key, t in self.obs.items()}
-        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "obs"})
+        out.update({f"final_obs.{key}": t for key, t in self.final_obs.items()})
+        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in OBS_FIELDS})
         return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, Tensor]) -> TrajectoryBuffers:
+        """The inverse of ``tensors()``."""
+        dicts: dict[str, dict[str, Tensor]] = {name: {} for name in OBS_FIELDS}
+        plain = {}
+        for name, t in tensors.items():
+            prefix, _, key = name.partition(".")
+            if key and prefix in dicts:
+                dicts[prefix][key] = t
+            else:
+                plain[name] = t
+        return cls(**dicts, **plain)
 
     # What the learner asks of any training batch (a group batch answers the same): the env steps it stands for,
     # whether it holds anything to train on, and its own statistics.
@@ -133,15 +165,12 @@ class TrajectoryBuffers:
 
     def to(self, device: torch.device) -> TrajectoryBuffers:
         """A copy on ``device`` (non-blocking from pinned memory)."""
-        moved = {name: t.to(device, non_blocking=True) for name, t in self.tensors().items()}
-        obs = {name[len("obs.") :]: t for name, t in moved.items() if name.startswith("obs.")}
-        return TrajectoryBuffers(obs=obs, **{n: t for n, t in moved.items() if not n.startswith("obs.")})
+        return TrajectoryBuffers.from_tensors({n: t.to(device, non_blocking=True) for n, t in self.tensors().items()})
 
     def pin_memory_(self) -> TrajectoryBuffers:
-        self.obs = {key: t.pin_memory() for key, t in self.obs.items()}
+        pinned = TrajectoryBuffers.from_tensors({name: t.pin_memory() for name, t in self.tensors().items()})
         for f in fields(self):
-            if f.name != "obs":
-                setattr(self, f.name, getattr(self, f.name).pin_memory())
+            setattr(self, f.name, getattr(pinned, f.name))
         return self
 
     def numpy_views(self) -> dict[str, object]:
@@ -217,6 +246,7 @@ class SharedBuffers:
             action_spec,
             shared=True,
             annotated=algorithm_for(cfg).annotate is not None and not evaluation,
+            final_obs=algorithm_for(cfg).final_obs and not evaluation,
         )
         splits = SplitState.allocate(
             cfg.sampler.num_workers * cfg.sampler.worker_num_splits, cfg.envs_per_split, obs_spec

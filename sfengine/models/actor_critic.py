@@ -233,6 +233,11 @@ class ActorCritic(nn.Module):
         """The run's model (``--model``: the built-in one, or a registered one): without a critic when its
         advantages need none. Every process builds its copy here, so a registered model acts and learns alike."""
         if cfg.model.model == DEFAULT_MODEL:
+            from sfengine.algorithms import algorithm_for
+
+            own_model = algorithm_for(cfg).model  # an algorithm's own policy (SAC's squashed Gaussian), if any
+            if own_model is not None:
+                return own_model(cfg, obs_spec, action_spec)
             return cls(obs_spec, action_spec, cfg.model, critic=cfg.needs_critic)
         factory = MODELS.get(cfg.model.model)
         if factory is None:

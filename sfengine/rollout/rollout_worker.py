@@ -132,6 +132,7 @@ class RolloutWorker(Component):
         self.split_ids_np = self.buffers.splits.buffer_ids.numpy()
         self.split_step_np = self.buffers.splits.step.numpy()
         self.final_obs_np = {key: t.numpy() for key, t in self.buffers.splits.final_obs.items()}
+        self.keeps_final_obs = bool(traj.final_obs)
         self.final_values_np = self.buffers.splits.final_values.numpy()
         self.stepping_env_np = self.buffers.splits.stepping_env.numpy()  # what the runner names if this hangs
         self.assignments_np = self.buffers.splits.assignments.numpy()
@@ -290,12 +291,12 @@ class RolloutWorker(Component):
                 # limit: the last good observation (entry t) bootstraps the value.
                 outcomes[ids[i], t] = math.nan
                 split.truncation_scales[i] = 1.0
-                self._keep_final_obs(split, i, {key: self.obs_np[key][ids[i], t] for key in self.obs_np})
+                self._keep_final_obs(split, i, {key: self.obs_np[key][ids[i], t] for key in self.obs_np}, ids[i], t)
             else:
                 outcomes[ids[i], t] = self._outcome(episode)
         for i, final_obs, scale in group.cut:
             split.truncation_scales[i] = scale
-            self._keep_final_obs(split, i, final_obs)
+            self._keep_final_obs(split, i, final_obs, ids[i], t)
         for i, obs in enumerate(group.obs):
             if obs is not None:  # None: an evaluation's episode set is exhausted, and this env stopped
                 self._write_obs(obs, ids[i], t + 1)
@@ -310,10 +311,13 @@ class RolloutWorker(Component):
         elif self.evaluation is not None and not self._any_active():
             self._send_report(finished=True)
 
-    def _keep_final_obs(self, split: SplitRunner, i: int, obs: dict) -> None:
-        """A truncated episode's last observation, for the inference worker to value (the bootstrap)."""
+    def _keep_final_obs(self, split: SplitRunner, i: int, obs: dict, buffer_id: int, t: int) -> None:
+        """A truncated episode's last observation, for the inference worker to value (the bootstrap), and, for an
+        algorithm that keeps it (``final_obs``), in the trajectory at the step that ended the episode."""
         for key, value in obs.items():
             self.final_obs_np[key][split.row, i] = value
+            if self.keeps_final_obs:
+                self.traj[f"final_obs.{key}"][buffer_id, t] = value
         split.truncated_envs.append(i)
 
     def _outcome(self, episode: EpisodeStats) -> float:

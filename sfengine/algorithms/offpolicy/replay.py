@@ -1,0 +1,153 @@
+"""The replay of the off-policy algorithms: whole trajectories of the engine's training batches, kept in a ring of
+preallocated tensors in the learner process, and minibatches of n-step transitions drawn from it uniformly.
+
+    training batch (TrajectoryBuffers, [B, T+1]) --insert--> rows of the ring [capacity_rows, T+1]
+    sample(n)  --> (row, t) uniform over the stored steps --> n_step_targets: the discounted rewards of up to
+                   n steps, and where to bootstrap (the observation, its discount; 0 after a termination)
+
+A stored row keeps its env's T steps and the bootstrap entry T (the observation the next row starts from). A
+transition's next observation is the next entry's, except where the episode ended at that step: a termination
+(nothing to bootstrap) or a truncation (time limit, chunk cut short, failed env step), whose bootstrap is the
+episode's own last observation, ``final_obs``, which the rollout worker keeps for the algorithms that declare it.
+Returns of n steps stop at an episode's end and at a row's end (entry T bootstraps them): each is exact, only
+shorter. ``replay_size`` counts env steps; the ring holds ``replay_size // T`` rows and overwrites the oldest.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.env.spaces import ActionSpec, ObsSpec
+
+
+class NStep(NamedTuple):
+    """Minibatch of n-step transitions: ``returns + discounts * V(next_obs)`` is each one's target (discounts are
+    0 where the episode terminated inside the n steps)."""
+
+    obs: dict[str, Tensor]
+    actions: Tensor
+    returns: Tensor
+    next_obs: dict[str, Tensor]
+    discounts: Tensor
+    steps: Tensor  # env steps to the bootstrap: 1..n
+
+
+def bytes_per_step(obs_spec: ObsSpec, action_spec: ActionSpec) -> int:
+    """Memory a stored step takes: its observation twice (the entry's and a truncation's final one), the action,
+    the reward and the flags."""
+    obs = sum(
+        torch.empty((), dtype=obs_spec.dtypes[key]).element_size() * int(torch.Size(shape).numel())
+        for key, shape in obs_spec.shapes.items()
+    )
+    action = torch.empty((), dtype=action_spec.dtype).element_size() * max(1, action_spec.dim)
+    return 2 * obs + action + 4 + 2 + 8
+
+
+class Replay:
+    def __init__(self, capacity_steps: int, horizon: int, obs_spec: ObsSpec, action_spec: ActionSpec):
+        self.horizon = horizon
+        self.capacity = max(1, capacity_steps // horizon)  # rows
+        rows, steps = (self.capacity, horizon + 1), (self.capacity, horizon)
+        self.obs = {
+            key: torch.zeros(rows + shape, dtype=obs_spec.dtypes[key]) for key, shape in obs_spec.shapes.items()
+        }
+        self.final_obs = {
+            key: torch.zeros(steps + shape, dtype=obs_spec.dtypes[key]) for key, shape in obs_spec.shapes.items()
+        }
+        self.actions = torch.zeros(steps + action_spec.shape, dtype=action_spec.dtype)
+        self.rewards = torch.zeros(steps)
+        self.terminated = torch.zeros(steps, dtype=torch.bool)
+        self.truncated = torch.zeros(steps, dtype=torch.bool)
+        self.size = 0  # rows filled
+        self.next_row = 0
+        self.inserted_steps = 0
+
+    @property
+    def stored_steps(self) -> int:
+        return self.size * self.horizon
+
+    def insert(self, batch: TrajectoryBuffers, rewards: Tensor | None = None) -> None:
+        """Store every trajectory of ``batch`` ([B, T+1]); ``rewards``: the learner's view of them (scaled,
+        clipped), else the batch's own."""
+        count = batch.rewards.shape[0]
+        rows = (self.next_row + torch.arange(count)) % self.capacity
+        steps = slice(0, self.horizon)
+        for key, obs in batch.obs.items():
+            self.obs[key][rows] = obs.cpu()
+            self.final_obs[key][rows] = batch.final_obs[key][:, steps].cpu()
+        self.actions[rows] = batch.actions[:, steps].cpu()
+        self.rewards[rows] = (batch.rewards[:, steps] if rewards is None else rewards).float().cpu()
+        self.terminated[rows] = batch.terminated[:, steps].cpu()
+        self.truncated[rows] = batch.truncated[:, steps].cpu()
+        self.next_row = int((self.next_row + count) % self.capacity)
+        self.size = min(self.capacity, self.size + count)
+        self.inserted_steps += count * self.horizon
+
+    def sample_indices(self, count: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """(row, t) of ``count`` stored steps, uniformly with replacement."""
+        flat = torch.randint(0, self.stored_steps, (count,), generator=generator)
+        return flat // self.horizon, flat % self.horizon
+
+    def sample(self, count: int, n: int, gamma: float, generator: torch.Generator | None = None) -> NStep:
+        rows, t = self.sample_indices(count, generator)
+        return self.n_step(rows, t, n, gamma)
+
+    def n_step(self, rows: Tensor, t: Tensor, n: int, gamma: float) -> NStep:
+        """The n-step transitions that start at entries (rows, t)."""
+        ahead = t[:, None] + torch.arange(n)[None]  # [B, n]
+        inside = ahead < self.horizon
+        at = ahead.clamp(max=self.horizon - 1)
+        row = rows[:, None]
+        terminated = self.terminated[row, at] & inside
+        ends = (terminated | self.truncated[row, at]) & inside
+        # Step k counts while no earlier step of the n ended the episode (and it lies inside the row).
+        ended_before = (ends.cumsum(1) - ends.long()) > 0
+        counted = inside & ~ended_before
+        discount = gamma ** torch.arange(n, dtype=torch.float32)
+        returns = (self.rewards[row, at] * counted * discount).sum(1)
+        taken = counted.sum(1)  # steps to the bootstrap, 1..n
+        last = t + taken - 1  # the last step counted
+        ended = ends[torch.arange(len(t)), taken - 1]
+        truncated_at_last = ended & ~terminated[torch.arange(len(t)), taken - 1]
+        discounts = (gamma**taken).float() * ~terminated[torch.arange(len(t)), taken - 1]
+        next_obs = {}
+        for key, obs in self.obs.items():
+            following = obs[rows, (last + 1).clamp(max=self.horizon)]
+            final = self.final_obs[key][rows, last]
+            mask = truncated_at_last.view(-1, *([1] * (following.dim() - 1)))
+            next_obs[key] = torch.where(mask, final, following)
+        return NStep(
+            obs={key: obs[rows, t] for key, obs in self.obs.items()},
+            actions=self.actions[rows, t],
+            returns=returns,
+            next_obs=next_obs,
+            discounts=discounts,
+            steps=taken,
+        )
+
+    def state_dict(self) -> dict:
+        """The whole ring, for ``--save_replay``."""
+        return {
+            "obs": self.obs,
+            "final_obs": self.final_obs,
+            "actions": self.actions,
+            "rewards": self.rewards,
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "size": self.size,
+            "next_row": self.next_row,
+            "inserted_steps": self.inserted_steps,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in self.obs:
+            self.obs[key].copy_(state["obs"][key])
+            self.final_obs[key].copy_(state["final_obs"][key])
+        for name in ("actions", "rewards", "terminated", "truncated"):
+            getattr(self, name).copy_(state[name])
+        self.size, self.next_row = int(state["size"]), int(state["next_row"])
+        self.inserted_steps = int(state["inserted_steps"])

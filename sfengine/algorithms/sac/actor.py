@@ -1,0 +1,76 @@
+"""SAC's policy: a Gaussian squashed by tanh into the action box, with its log-density corrected for the squash.
+
+    u ~ N(mean, std),  a = center + half_range * tanh(u)
+    log pi(a) = log N(u) - sum_i log(half_range_i (1 - tanh(u_i)^2))
+
+It is the engine's ``ActorCritic`` (its encoders, normalisers and heads; no value head: the critics are the
+trainer's) with its own ``sample``, ``mode`` and ``log_prob_entropy``, so the inference workers act with exactly this
+distribution (a model that overrides them acts in torch). ``sample`` is differentiable in the mean and the log-std
+(the reparameterisation SAC's actor loss needs) when it runs outside ``torch.inference_mode``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sfengine.config import Config, ConfigError
+from sfengine.env.spaces import ActionSpec, ObsSpec
+from sfengine.models.actor_critic import ActorCritic
+from sfengine.models.distributions import gaussian_entropy, gaussian_log_prob
+
+EDGE = 1e-6  # how close to the box's edge an action is taken back through atanh
+
+
+def log_squash_slope(u: Tensor) -> Tensor:
+    """log(1 - tanh(u)^2), written as 2 (log 2 - u - softplus(-2u)) so it stays finite for large |u|."""
+    return 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+
+
+class SquashedGaussianActor(ActorCritic):
+    def __init__(self, obs_spec: ObsSpec, action_spec: ActionSpec, cfg, critic: bool = False):
+        if action_spec.discrete:
+            raise ConfigError("--algo=sac acts in a continuous action box; this env's actions are discrete")
+        low, high = torch.tensor(action_spec.low), torch.tensor(action_spec.high)
+        if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+            raise ConfigError(
+                "--algo=sac squashes its actions into the env's action box, and this env's box is unbounded: give "
+                "the env finite action bounds (a gymnasium.wrappers.RescaleAction, for example)"
+            )
+        super().__init__(obs_spec, action_spec, cfg, critic=False)
+        self.register_buffer("action_center", (high + low) / 2)
+        self.register_buffer("action_half_range", (high - low) / 2)
+
+    @classmethod
+    def build(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> SquashedGaussianActor:
+        return cls(obs_spec, action_spec, cfg.model)
+
+    def to_unit(self, actions: Tensor) -> Tensor:
+        """Actions in the env's box -> [-1, 1] (what the critics read)."""
+        return (actions - self.action_center) / self.action_half_range
+
+    def _squash(self, u: Tensor) -> tuple[Tensor, Tensor]:
+        """The action for pre-squash ``u`` and the log-density correction to subtract."""
+        correction = (log_squash_slope(u) + self.action_half_range.log()).sum(-1)
+        return self.action_center + self.action_half_range * torch.tanh(u), correction
+
+    def sample(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        mean, log_std = self._mean_log_std(params)
+        noise = torch.randn_like(mean)
+        actions, correction = self._squash(mean + noise * log_std.exp())
+        return actions, gaussian_log_prob(noise, log_std) - correction
+
+    def mode(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        mean, log_std = self._mean_log_std(params)
+        actions, correction = self._squash(mean)
+        return actions, gaussian_log_prob(0.0, log_std) - correction
+
+    def log_prob_entropy(self, params: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """Log-density of given actions; the entropy is the unsquashed Gaussian's (a bound, for diagnostics)."""
+        mean, log_std = self._mean_log_std(params)
+        u = torch.atanh(self.to_unit(actions).clamp(-1 + EDGE, 1 - EDGE))
+        _, correction = self._squash(u)
+        return gaussian_log_prob((u - mean) / log_std.exp(), log_std) - correction, gaussian_entropy(log_std)

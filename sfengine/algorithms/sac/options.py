@@ -1,0 +1,40 @@
+"""SAC's own options (``--algo=sac``, the ``sac`` group of ``--help``). Defaults: the published SAC settings where
+they agree (Stable-Baselines3, CleanRL: tau 0.005, a temperature learned to -dim(A), 256-256 critics), with RLPD's
+critic recipe (LayerNorm, an ensemble whose target is the minimum of a random pair) at 2 members by default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sfengine.config import option
+
+
+@dataclass
+class SACOptions:
+    group = "sac"
+
+    replay_size: int = option(1_000_000, "env steps the replay keeps (the oldest are overwritten)")
+    replay_ratio: float = option(
+        1.0,
+        "gradient steps per env step (the update-to-data ratio): held by the learner, which takes the steps each "
+        "batch of new data owes before it accepts the next (sampling waits while it falls behind)",
+    )
+    learning_starts: int = option(5000, "env steps in the replay before the first gradient step")
+    n_step: int = option(1, "steps of reward before the bootstrap (stops at an episode's end)")
+    num_critics: int = option(2, "Q critics in the ensemble (one batched network)")
+    critic_subset: int = option(2, "the target is the minimum over this many critics drawn at random per minibatch")
+    critic_hidden_sizes: list[int] = option([256, 256], "the critics' hidden layer widths")
+    critic_layer_norm: bool = option(True, "LayerNorm after each hidden layer of the critics")
+    critic_learning_rate: float = option(3e-4, "Adam learning rate of the critics")
+    tau: float = option(0.005, "target critics: Polyak averaging rate per gradient step")
+    actor_delay: int = option(1, "update the actor and the temperature every this many critic steps")
+    init_temperature: float = option(1.0, "the entropy temperature alpha at the start")
+    target_entropy: float = option(
+        0.0, "the entropy the temperature is learned to hold; 0: -(action dimensions), the usual choice"
+    )
+    learn_temperature: bool = option(True, "learn alpha to --target_entropy; False: keep --init_temperature")
+    save_replay: bool = option(
+        False,
+        "keep the replay in each checkpoint (its size in memory again on disk), so a resumed run goes on with it; "
+        "without, a resume refills it and takes no gradient step until --learning_starts env steps are back in",
+    )

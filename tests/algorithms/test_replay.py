@@ -1,0 +1,119 @@
+"""The off-policy replay: n-step targets across terminations, truncations and row ends against hand-computed values,
+the ring's overwrite, uniform sampling; the critic ensemble's batched members and the subset-min target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sfengine.algorithms.offpolicy.critics import (
+    CriticEnsemble,
+    EnsembleLayerNorm,
+    EnsembleLinear,
+    soft_update_,
+    subset_min,
+)
+from sfengine.algorithms.offpolicy.replay import Replay
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.env.spaces import ActionSpec, ObsSpec
+
+OBS_SPEC = ObsSpec({"obs": (1,)}, {"obs": torch.float32})
+ACTION_SPEC = ActionSpec(discrete=False, dim=1, low=(-1.0,), high=(1.0,))
+T = 5
+GAMMA = 0.5
+
+
+def trajectories(count: int, first_obs: float = 0.0) -> TrajectoryBuffers:
+    """Rows whose observation at entry t is first_obs + 10 * row + t, whose reward at t is 2^t, whose final
+    observations are 100 + the entry's observation."""
+    batch = TrajectoryBuffers.allocate(count, T, OBS_SPEC, ACTION_SPEC, shared=False, final_obs=True)
+    entries = first_obs + 10 * torch.arange(count)[:, None] + torch.arange(T + 1)[None]
+    batch.obs["obs"][:] = entries[..., None].float()
+    batch.final_obs["obs"][:] = 100 + entries[..., None].float()
+    batch.rewards[:] = 2.0 ** torch.arange(T + 1).float()
+    batch.actions[:] = entries[..., None].float() / 100
+    return batch
+
+
+def test_n_step_returns_stop_at_terminations_truncations_and_the_rows_end():
+    batch = trajectories(1)
+    batch.terminated[0, 1] = True  # the episode ends at step 1: nothing to bootstrap
+    batch.truncated[0, 3] = True  # a time limit at step 3: bootstrap from its final observation
+    replay = Replay(100, T, OBS_SPEC, ACTION_SPEC)
+    replay.insert(batch)
+    rows, t = torch.zeros(5, dtype=torch.long), torch.arange(5)
+    out = replay.n_step(rows, t, 3, GAMMA)
+    # t=0: r0 + g r1, terminated at 1 -> 2 steps, no bootstrap
+    # t=1: r1, terminated -> 1 step, no bootstrap
+    # t=2: r2 + g r3, truncated at 3 -> 2 steps, bootstrap g^2 V(final obs of step 3 = 103)
+    # t=3: r3, truncated -> 1 step, bootstrap g V(103)
+    # t=4: r4 only, the row ends at T=5 -> bootstrap g V(obs[5] = 5)
+    assert out.returns.tolist() == [1 + 0.5 * 2, 2, 4 + 0.5 * 8, 8, 16]
+    assert out.discounts.tolist() == [0.0, 0.0, 0.25, 0.5, 0.5]
+    assert out.steps.tolist() == [2, 1, 2, 1, 1]
+    assert out.next_obs["obs"].squeeze(1)[2:].tolist() == [103, 103, 5]
+    assert out.obs["obs"].squeeze(1).tolist() == [0, 1, 2, 3, 4]
+    assert out.actions.squeeze(1).tolist() == pytest.approx([0, 0.01, 0.02, 0.03, 0.04])
+
+
+def test_one_step_targets_bootstrap_from_the_next_entry_inside_an_episode():
+    replay = Replay(100, T, OBS_SPEC, ACTION_SPEC)
+    replay.insert(trajectories(2))
+    out = replay.n_step(torch.tensor([1, 1]), torch.tensor([0, 2]), 1, GAMMA)
+    assert out.returns.tolist() == [1, 4] and out.discounts.tolist() == [0.5, 0.5]
+    assert out.next_obs["obs"].squeeze(1).tolist() == [11, 13]
+
+
+def test_the_ring_overwrites_its_oldest_rows_and_samples_only_stored_steps():
+    replay = Replay(3 * T, T, OBS_SPEC, ACTION_SPEC)  # three rows
+    replay.insert(trajectories(2, first_obs=0))
+    assert replay.stored_steps == 2 * T
+    rows, t = replay.sample_indices(2000, torch.Generator().manual_seed(0))
+    assert set(rows.tolist()) == {0, 1} and set(t.tolist()) == set(range(T))
+    replay.insert(trajectories(2, first_obs=1000))  # rows 2 and 0 (the oldest) now
+    assert replay.size == 3 and replay.inserted_steps == 4 * T
+    assert replay.obs["obs"][:, 0, 0].tolist() == [1010, 10, 1000]
+    counts = torch.bincount(replay.sample_indices(30000, torch.Generator().manual_seed(1))[0], minlength=3)
+    assert (counts.float() / 30000 - 1 / 3).abs().max() < 0.02  # uniform over the stored rows
+
+
+def test_each_member_of_the_ensemble_is_its_own_network_computed_in_one_batch():
+    torch.manual_seed(0)
+    critics = CriticEnsemble(3, 4, [8, 8])
+    features, actions = torch.randn(6, 3), torch.randn(6, 1)
+    q = critics(features, actions)
+    assert q.shape == (3, 6)
+    assert not torch.allclose(q[0], q[1])  # independently initialised
+    # Member 1 alone, layer by layer, gives the same values.
+    x = torch.cat([features, actions], 1)
+    for layer in critics.net:
+        if isinstance(layer, EnsembleLinear):
+            x = x @ layer.weight[1] + layer.bias[1]
+        elif isinstance(layer, EnsembleLayerNorm):
+            x = torch.nn.functional.layer_norm(x, (layer.width,)) * layer.weight[1] + layer.bias[1]
+        else:
+            x = layer(x)
+    assert torch.allclose(q[1], x.squeeze(-1), atol=1e-6)
+
+
+def test_the_target_is_the_minimum_of_a_random_subset_of_members():
+    q = torch.tensor([[1.0, 9.0], [5.0, 2.0], [3.0, 7.0], [4.0, 4.0]])
+    assert subset_min(q, 4).tolist() == [1.0, 2.0]
+    generator = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(200):
+        chosen = subset_min(q, 2, generator)
+        # the minimum of two distinct rows: every value is one of the pairwise minima
+        pairs = {
+            (min(q[i, 0], q[j, 0]).item(), min(q[i, 1], q[j, 1]).item()) for i in range(4) for j in range(4) if i < j
+        }
+        assert tuple(chosen.tolist()) in pairs
+        seen.add(tuple(chosen.tolist()))
+    assert len(seen) > 3  # the subset is drawn afresh
+
+
+def test_polyak_averaging_moves_the_target_by_tau():
+    source, target = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    before = target.weight.detach().clone()
+    soft_update_(target, source, 0.25)
+    assert torch.allclose(target.weight, 0.75 * before + 0.25 * source.weight)

@@ -1,0 +1,193 @@
+"""SAC (``--algo=sac``): the squashed Gaussian's density, the replay ratio the learner holds, a resume that goes on
+with the same networks, optimisers and temperature, truncations bootstrapped from the episode's own last
+observation through the real engine, and learning Pendulum in multi-process mode."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import textwrap
+
+import pytest
+import torch
+
+from helpers import read_summary, run_train, train_command
+from sfengine.algorithms.sac.actor import SquashedGaussianActor
+from sfengine.algorithms.sac.trainer import SACTrainer
+from sfengine.config import Config, ConfigError, parse_config
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.env.spaces import ActionSpec, ObsSpec
+
+OBS_SPEC = ObsSpec({"obs": (3,)}, {"obs": torch.float32})
+ACTION_SPEC = ActionSpec(discrete=False, dim=2, low=(-2.0, 0.0), high=(2.0, 1.0))
+ROLLOUT = 8
+
+
+def sac_config(**options) -> Config:
+    cfg = parse_config(["--algo=sac", "--env=Pendulum-v1", f"--rollout={ROLLOUT}", "--batch_size=32"])
+    cfg.set("hidden_sizes", [32, 32])
+    cfg.set("critic_hidden_sizes", [32, 32])
+    cfg.set("learning_starts", 0)
+    for name, value in options.items():
+        cfg.set(name, value)
+    return cfg
+
+
+def make_trainer(**options) -> SACTrainer:
+    cfg = sac_config(**options)
+    return SACTrainer(SquashedGaussianActor.build(cfg, OBS_SPEC, ACTION_SPEC), cfg)
+
+
+def batch(seed: int, trajectories: int = 4) -> TrajectoryBuffers:
+    generator = torch.Generator().manual_seed(seed)
+    out = TrajectoryBuffers.allocate(trajectories, ROLLOUT, OBS_SPEC, ACTION_SPEC, shared=False, final_obs=True)
+    out.obs["obs"][:] = torch.randn(out.obs["obs"].shape, generator=generator)
+    out.final_obs["obs"][:] = torch.randn(out.final_obs["obs"].shape, generator=generator)
+    out.actions[:] = torch.rand(out.actions.shape, generator=generator) * torch.tensor([4.0, 1.0]) + torch.tensor(
+        [-2, 0]
+    )
+    out.rewards[:] = torch.randn(out.rewards.shape, generator=generator)
+    out.terminated[:, 3] = True
+    out.truncated[:, 5] = True
+    out.chunk_steps[:] = 1
+    return out
+
+
+def test_the_squashed_gaussian_acts_inside_the_box_with_the_density_it_reports():
+    torch.manual_seed(0)
+    actor = SquashedGaussianActor.build(sac_config(), OBS_SPEC, ACTION_SPEC)
+    obs = {"obs": torch.randn(500, 3) * 3}
+    params = actor.policy_params(obs)
+    actions, log_probs = actor.sample(params)
+    assert (actions[:, 0].abs() < 2).all() and (actions[:, 1] > 0).all() and (actions[:, 1] < 1).all()
+    again, entropy = actor.log_prob_entropy(params, actions)
+    assert torch.allclose(again, log_probs, atol=1e-3)  # the density of the drawn action, read back through atanh
+    mode, _ = actor.mode(params)
+    mean, _ = actor._mean_log_std(params)
+    assert torch.allclose(mode, torch.tensor([0.0, 0.5]) + torch.tensor([2.0, 0.5]) * torch.tanh(mean))
+    # One dimension, numerically: the density integrates to 1 over the box.
+    one = SquashedGaussianActor(
+        ObsSpec({"obs": (1,)}, {"obs": torch.float32}),
+        ActionSpec(False, dim=1, low=(-3.0,), high=(1.0,)),
+        sac_config().model,
+    )
+    grid = torch.linspace(-3 + 1e-4, 1 - 1e-4, 20001)[:, None]
+    params = one.policy_params({"obs": torch.zeros(len(grid), 1)})
+    density = one.log_prob_entropy(params, grid)[0].exp()
+    assert torch.trapezoid(density, grid.squeeze(1)).item() == pytest.approx(1.0, abs=2e-3)
+    # The actor's loss reaches its weights through the sample (the reparameterisation).
+    actor.sample(actor.policy_params(obs))[0].sum().backward()
+    assert actor.policy_head.weight.grad.abs().sum() > 0
+
+
+def test_the_learner_takes_replay_ratio_gradient_steps_per_env_step_after_learning_starts():
+    trainer = make_trainer(replay_ratio=0.75, learning_starts=64)
+    steps = [trainer.train(batch(seed), 0, 0)["gradient_steps"] for seed in range(5)]
+    # Each batch: 4 trajectories x 8 steps = 32 env steps. Nothing before 64 are in; then 0.75 x 32 = 24 a batch.
+    assert steps == [0, 24, 24, 24, 24]
+    trainer = make_trainer(replay_ratio=0.1)
+    assert [trainer.train(batch(seed), 0, 0)["gradient_steps"] for seed in range(5)] == [3, 3, 3, 3, 4]  # 3.2 each
+
+
+def test_a_resumed_trainer_goes_on_with_the_same_critics_targets_optimisers_and_temperature():
+    trainer = make_trainer(save_replay=True, actor_delay=2)
+    for seed in range(3):
+        trainer.train(batch(seed), seed, 0)
+    state = copy.deepcopy(trainer.state_dict())
+    actor_state = copy.deepcopy((trainer.model.state_dict(), trainer.optimizer.state_dict()))
+    resumed = make_trainer(save_replay=True, actor_delay=2)
+    resumed.model.load_state_dict(actor_state[0])
+    resumed.optimizer.load_state_dict(actor_state[1])
+    resumed.load_state_dict(state)
+    for t in (trainer, resumed):
+        torch.manual_seed(7)
+        t.train(batch(3), 3, 0)
+    for name in ("critics", "target_critics"):
+        for a, b in zip(getattr(trainer, name).parameters(), getattr(resumed, name).parameters(), strict=True):
+            assert torch.equal(a, b), name
+    for a, b in zip(trainer.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(trainer.log_alpha, resumed.log_alpha)
+    assert trainer.log_alpha.item() != 0.0  # the temperature moved, so its value and optimiser matter
+
+
+def test_sac_rules_are_one_line_errors():
+    with pytest.raises(ConfigError, match="--action_chunk"):
+        parse_config(["--algo=sac", "--action_chunk=4"])
+    with pytest.raises(ConfigError, match="--critic_subset=3 must be between 1 and --num_critics=2"):
+        parse_config(["--algo=sac", "--critic_subset=3"])
+    with pytest.raises(ConfigError, match="--clip_mode .* is an option of --algo=ppo, not of --algo=sac"):
+        parse_config(["--algo=sac", "--clip_mode=sapo"])
+    cfg = parse_config(["--algo=sac"])
+    assert (cfg.learner.batch_size, cfg.learner.learning_rate, cfg.model.continuous_log_std) == (
+        256,
+        3e-4,
+        "state_dependent",
+    )
+    assert parse_config(["--algo=sac", "--batch_size=64"]).learner.batch_size == 64  # a given value stays
+
+
+RECORDING_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import sys
+
+    from sfengine.algorithms.sac import trainer as sac_trainer
+    from sfengine.train import main
+
+    real = sac_trainer.SACTrainer.train
+
+
+    def recording(self, batch, learner_version, env_steps):
+        with open({log!r}, "a") as f:
+            f.write(json.dumps({{
+                "obs": batch.obs["obs"][..., 0].tolist(),
+                "final_obs": batch.final_obs["obs"][..., 0].tolist(),
+                "truncated": batch.truncated.tolist(),
+            }}) + "\\n")
+        return real(self, batch, learner_version, env_steps)
+
+
+    sac_trainer.SACTrainer.train = recording
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_truncated_episode_bootstraps_from_its_own_last_observation_through_the_engine(tmp_path, train_dir):
+    # chunk_probe_truncated: the observation counts the episode's steps; a time limit ends it after 6, and the
+    # next entry of the trajectory is the next episode's first observation (0).
+    log, script = tmp_path / "batches.jsonl", tmp_path / "record.py"
+    script.write_text(RECORDING_SCRIPT.format(log=str(log)))
+    command = train_command(train_dir, "sac_probe", "--algo=sac", "--env=chunk_probe_truncated", "--rollout=16")
+    command[1:3] = [str(script)]
+    command += ["--num_workers=2", "--num_envs_per_worker=2", "--train_for_env_steps=512", "--learning_starts=256"]
+    command += ["--batch_size=64", "--hidden_sizes=16,16", "--critic_hidden_sizes=16,16"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    truncations = 0
+    for record in map(json.loads, log.read_text().splitlines()):
+        for obs, final, truncated in zip(record["obs"], record["final_obs"], record["truncated"], strict=True):
+            for t, cut in enumerate(truncated[:-1]):
+                if cut:
+                    truncations += 1
+                    assert (obs[t], final[t], obs[t + 1]) == (5.0, 6.0, 0.0)
+                else:
+                    assert final[t] == 0.0
+    assert truncations >= 512 // 6 - 8
+
+
+@pytest.mark.slow
+def test_sac_learns_pendulum_in_multi_process_mode(train_dir):
+    # A random policy scores about -1200 on Pendulum-v1; SAC passes -400 near 10k env steps.
+    args = ["--algo=sac", "--env=Pendulum-v1", "--num_workers=2", "--num_envs_per_worker=2", "--rollout=16"]
+    args += ["--learning_starts=1000", "--train_for_env_steps=30000", "--stop_at_return=-400"]
+    args += ["--hidden_sizes=64,64", "--critic_hidden_sizes=64,64", "--batch_size=128", "--learner_threads=2"]
+    result = run_train(train_dir, "sac_pendulum", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(train_dir, "sac_pendulum")
+    assert summary["episode_return_mean"] >= -400, summary
