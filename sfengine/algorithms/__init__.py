@@ -29,6 +29,10 @@ A spec (``Algorithm``) declares what the engine needs and nothing more:
     numpy_learner(cfg)  whether the numpy learner (sfengine.numpy_backend.step, PPO's step restated) may take
                    its steps in this run: None if so, else why not; leave it None for an algorithm it cannot run
     title, describe(cfg)   how the start block names the algorithm and its settings
+    check(cfg, obs_spec, action_spec)   its rules on the env's spaces, once they are known and before anything
+                   starts (SAC: vector observations, a replay that fits in memory): raise ConfigError
+    status(cfg, stats)     its words on the status line from its last update's statistics (PPO: the clip mode's
+                   KL, clipped share, ratio range), or None; every statistic goes to TensorBoard in any case
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class Algorithm:
     numpy_learner: Callable[[Config], str | None] | None = None
     title: str = ""
     describe: Callable[[Config], str] | None = None
+    status: Callable[[Config, dict], str | None] | None = None
+    check: Callable[..., None] | None = None
     name: str = ""  # set by register_algorithm
 
     def needs_critic(self, cfg: Config) -> bool:

@@ -16,25 +16,15 @@ from sfengine.reporting.stats import FPS_WINDOWS
 log = logging.getLogger(__name__)
 
 
-def learner_line(clip_mode: str, learner: dict[str, float]) -> str:
-    """The policy update's diagnostics for the status line: ``ppo_clip kl 0.0041 clipped 0.06 dead-grad 0.06
-    ess 0.98 ratio 0.71-1.38``."""
-    line = (
-        f"{clip_mode} kl {learner['approx_kl']:.4f} clipped {learner['clip_fraction']:.2f} "
-        f"dead-grad {learner['dead_grad_fraction']:.2f} ess {learner['ess']:.2f} "
-        f"ratio {learner['ratio_min']:.2f}-{learner['ratio_max']:.2f}"
-    )
-    if "sapo_saturated_fraction" in learner:
-        line += f" saturated {learner['sapo_saturated_fraction']:.2f}"
-    if "groups_dropped_fraction" in learner:
-        line += f"  groups dropped {learner['groups_dropped_fraction']:.2f}"
-    if learner.get("critic_warmup"):
-        line += "  critic warm-up: the policy is frozen"
-    return line
-
-
 class Reporting:
     """The status line and the run's summary (mixed into ``Runner``)."""
+
+    def algorithm_status(self, learner: dict[str, float]) -> str | None:
+        """The algorithm's own words on its last update (``Algorithm.status``), or None."""
+        from sfengine.algorithms import algorithm_for
+
+        status = algorithm_for(self.cfg).status
+        return status(self.cfg, learner) if status is not None and learner else None
 
     def _status(self) -> None:
         if not self.leads:
@@ -65,10 +55,8 @@ class Reporting:
         print(line, flush=True)
         if stats.task_successes:
             print(f"           success per task: {stats.per_task_success_line()}", flush=True)
-        if "approx_kl" in learner:
-            # Named by the algorithm's clip mode where it has one (PPO's --clip_mode).
-            label = getattr(self.cfg.algorithm_options, "clip_mode", self.cfg.learner.algo)
-            print(f"           learner: {learner_line(label, learner)}", flush=True)
+        if (words := self.algorithm_status(learner)) is not None:
+            print(f"           learner: {words}", flush=True)
         if self.writer is None:
             return
         step = stats.env_steps

@@ -191,3 +191,35 @@ def test_sac_learns_pendulum_in_multi_process_mode(train_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "sac_pendulum")
     assert summary["episode_return_mean"] >= -400, summary
+
+
+def test_a_replay_that_cannot_fit_and_image_observations_are_one_line_errors_before_anything_starts(train_dir):
+    from sfengine.algorithms.offpolicy.replay import check_replay_fits
+
+    with pytest.raises(
+        ConfigError, match=r"--replay_size=1000000 needs .* GiB \(.* bytes a step\) .* lower --replay_size"
+    ):
+        check_replay_fits(1_000_000, OBS_SPEC, ACTION_SPEC, available=2**20)
+    check_replay_fits(1_000, OBS_SPEC, ACTION_SPEC, available=2**30)
+    for args, message in [
+        (["--env=Pendulum-v1", "--replay_size=100000000000"], "--replay_size=100000000000 needs"),
+        (["--env=image_bandit"], "--algo=sac reads vector observations, and this env has image observations (image)"),
+    ]:
+        result = run_train(train_dir, "sac_bad", "--algo=sac", *args, timeout=120)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("sfengine.train: error")]
+        assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+        assert not (train_dir / "sac_bad").exists()  # nothing written
+
+
+def test_the_status_line_says_what_sac_did():
+    from sfengine.algorithms.sac import status
+
+    cfg = sac_config()
+    assert "filling the replay" in status(cfg, {"replay_fill": 0.001, "gradient_steps": 0.0})
+    stats = make_trainer().train(batch(0), 0, 0)
+    line = status(cfg, stats)
+    assert (
+        line.startswith("critic loss ")
+        and " alpha " in line
+        and line.endswith(f"{stats['gradient_steps']:.0f} steps a batch")
+    )

@@ -15,11 +15,13 @@ shorter. ``replay_size`` counts env steps; the ring holds ``replay_size // T`` r
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from sfengine.config import ConfigError
 from sfengine.engine.buffers import TrajectoryBuffers
 from sfengine.env.spaces import ActionSpec, ObsSpec
 
@@ -45,6 +47,21 @@ def bytes_per_step(obs_spec: ObsSpec, action_spec: ActionSpec) -> int:
     )
     action = torch.empty((), dtype=action_spec.dtype).element_size() * max(1, action_spec.dim)
     return 2 * obs + action + 4 + 2 + 8
+
+
+def check_replay_fits(replay_size: int, obs_spec: ObsSpec, action_spec: ActionSpec, available: int) -> None:
+    """A replay of ``replay_size`` steps (one per rank on this machine) must fit in ``available`` bytes with room
+    to spare for the run itself (a fifth)."""
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    per_step = bytes_per_step(obs_spec, action_spec)
+    needed = replay_size * per_step * ranks
+    if needed > 0.8 * available:
+        fits = int(0.8 * available / (per_step * ranks))
+        each = f" for each of {ranks} ranks" if ranks > 1 else ""
+        raise ConfigError(
+            f"--replay_size={replay_size} needs {needed / 2**30:.1f} GiB ({per_step} bytes a step{each}) and this "
+            f"machine has {available / 2**30:.1f} GiB free: lower --replay_size to {fits:,} or less"
+        )
 
 
 class Replay:

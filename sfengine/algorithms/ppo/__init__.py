@@ -119,6 +119,26 @@ def describe(cfg: Config) -> str:
     return words
 
 
+def status(cfg: Config, learner: dict[str, float]) -> str | None:
+    """The policy update's diagnostics for the status line: ``ppo_clip kl 0.0041 clipped 0.06 dead-grad 0.06
+    ess 0.98 ratio 0.71-1.38``, named by the run's --clip_mode; None before the first update."""
+    if "approx_kl" not in learner:
+        return None
+    clip_mode = ppo_options(cfg).clip_mode
+    line = (
+        f"{clip_mode} kl {learner['approx_kl']:.4f} clipped {learner['clip_fraction']:.2f} "
+        f"dead-grad {learner['dead_grad_fraction']:.2f} ess {learner['ess']:.2f} "
+        f"ratio {learner['ratio_min']:.2f}-{learner['ratio_max']:.2f}"
+    )
+    if "sapo_saturated_fraction" in learner:
+        line += f" saturated {learner['sapo_saturated_fraction']:.2f}"
+    if "groups_dropped_fraction" in learner:
+        line += f"  groups dropped {learner['groups_dropped_fraction']:.2f}"
+    if learner.get("critic_warmup"):
+        line += "  critic warm-up: the policy is frozen"
+    return line
+
+
 register_algorithm(
     "ppo",
     Algorithm(
@@ -131,5 +151,6 @@ register_algorithm(
         numpy_learner=numpy_learner_unsupported,
         title="PPO",
         describe=describe,
+        status=status,
     ),
 )

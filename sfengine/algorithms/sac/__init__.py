@@ -10,11 +10,15 @@ group of ``--help``.
 
 from __future__ import annotations
 
+import psutil
+
 from sfengine.algorithms import TRAJECTORIES, Algorithm, register_algorithm
+from sfengine.algorithms.offpolicy.replay import check_replay_fits
 from sfengine.algorithms.sac.actor import SquashedGaussianActor
 from sfengine.algorithms.sac.options import SACOptions
 from sfengine.algorithms.sac.trainer import SACTrainer
 from sfengine.config import Config, ConfigError
+from sfengine.env.spaces import ActionSpec, ObsSpec
 
 # The engine's defaults are PPO's; SAC's published ones where a run gives none (Stable-Baselines3 and CleanRL agree:
 # minibatches of 256, Adam at 3e-4, no gradient clipping; a 256-256 ReLU actor with a state-dependent log-std).
@@ -58,6 +62,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--learning_starts={sac.learning_starts} must not be negative")
 
 
+def check(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
+    images = [key for key in obs_spec.shapes if obs_spec.is_image(key)]
+    if images:
+        raise ConfigError(
+            f"--algo=sac reads vector observations, and this env has image observations ({', '.join(images)}): use a "
+            "vector observation mode (LIBERO: --libero_obs_mode=state), or --algo=ppo for images"
+        )
+    check_replay_fits(cfg.algorithm_options.replay_size, obs_spec, action_spec, psutil.virtual_memory().available)
+
+
 def describe(cfg: Config) -> str:
     sac = cfg.algorithm_options
     words = f"replay ratio {sac.replay_ratio:g}, {sac.num_critics} critics"
@@ -66,6 +80,20 @@ def describe(cfg: Config) -> str:
     if sac.n_step > 1:
         words += f", {sac.n_step}-step returns"
     return words
+
+
+def status(cfg: Config, learner: dict[str, float]) -> str | None:
+    """``critic loss 0.41 q -35.2 td 0.48 alpha 0.21 entropy -0.8  256 steps a batch``; before the first gradient
+    step, how full the replay is."""
+    if "critic_loss" not in learner:
+        if "replay_fill" not in learner:
+            return None
+        return f"filling the replay to --learning_starts ({learner['replay_fill']:.1%} of --replay_size)"
+    return (
+        f"critic loss {learner['critic_loss']:.3g} q {learner['q_mean']:.3g} td {learner['td_error']:.3g} "
+        f"alpha {learner['temperature']:.3g} entropy {learner.get('entropy', float('nan')):.2f}  "
+        f"{learner['gradient_steps']:.0f} steps a batch"
+    )
 
 
 register_algorithm(
@@ -81,5 +109,7 @@ register_algorithm(
         model=SquashedGaussianActor.build,
         title="SAC",
         describe=describe,
+        status=status,
+        check=check,
     ),
 )
