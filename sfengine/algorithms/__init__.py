@@ -146,6 +146,7 @@ def load_builtin_algorithms() -> None:
     import sfengine.algorithms.flow_sar  # noqa: F401  (each registers itself)
     import sfengine.algorithms.ppo  # noqa: F401
     import sfengine.algorithms.sac  # noqa: F401
+    import sfengine.algorithms.td3  # noqa: F401
 
 
 def algorithm_for(cfg: Config) -> Algorithm:

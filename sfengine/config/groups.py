@@ -93,8 +93,8 @@ class LearnerConfig:
         "ppo",
         "ppo (the policy surrogate of --clip_mode with the advantages of --advantage), flow_sar (a flow-matching "
         "policy, --policy_head=flow, trained by FlowSAR on whole episodes and their success: no critic, no "
-        "likelihoods; its options are in the flow_sar group), sac (soft actor-critic from a replay, off-policy: its "
-        "options are in the sac group), or a name given to sfengine.register_algorithm",
+        "likelihoods; its options are in the flow_sar group), sac or td3 (off-policy, from a replay: their options "
+        "are in the offpolicy group), or a name given to sfengine.register_algorithm",
     )
 
 

@@ -69,6 +69,6 @@ def test_an_unregistered_algorithm_is_a_one_line_error(train_dir):
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "sfengine.train: error: --algo='no_such_algo' is not registered (known: flow_sar, ppo, sac); call "
+        "sfengine.train: error: --algo='no_such_algo' is not registered (known: flow_sar, ppo, sac, td3); call "
         "sfengine.register_algorithm at the top level of your training script"
     ]

@@ -1,2 +1,94 @@
-"""What the off-policy algorithms share: the replay with its n-step targets (``replay``), and the critic ensemble
-with its subset-min target and Polyak averaging (``critics``)."""
+"""What the off-policy algorithms (SAC, TD3) share: the replay with its n-step targets (``replay``), the critic
+ensemble with its subset-min target and Polyak averaging (``critics``), the trainer base (``trainer``), their
+options (``options``, one ``offpolicy`` group) and the rules, defaults and checks below."""
+
+from __future__ import annotations
+
+import psutil
+
+from sfengine.algorithms.offpolicy.replay import check_replay_fits
+from sfengine.config import Config, ConfigError
+from sfengine.env.spaces import ActionSpec, ObsSpec
+
+# The engine's defaults are PPO's; these are the published off-policy ones where a run gives none (Stable-Baselines3,
+# CleanRL and the TD3 paper agree: minibatches of 256, Adam at 3e-4, no gradient clipping, 256-256 ReLU networks).
+OFF_POLICY_DEFAULTS = {
+    "batch_size": 256,
+    "num_batches_per_epoch": 1,
+    "num_epochs": 1,
+    "learning_rate": 3e-4,
+    "max_grad_norm": 0.0,
+    "hidden_sizes": [256, 256],
+    "activation": "relu",
+}
+
+
+def set_defaults(cfg: Config, given: set[str], own: dict) -> None:
+    for name, value in {**OFF_POLICY_DEFAULTS, **own}.items():
+        if name not in given:
+            cfg.set(name, value)
+
+
+def validate(cfg: Config) -> None:
+    options, algo = cfg.algorithm_options, cfg.learner.algo
+    if cfg.model.action_chunk != 1:
+        raise ConfigError(f"--algo={algo} learns one action per step: drop --action_chunk")
+    if cfg.model.policy_head != "gaussian":
+        raise ConfigError(
+            f"--algo={algo} acts with its own squashed policy: drop --policy_head={cfg.model.policy_head}"
+        )
+    if cfg.learner.num_epochs != 1:
+        raise ConfigError(
+            f"--algo={algo} takes --replay_ratio gradient steps per env step; --num_epochs is PPO's: drop it"
+        )
+    if options.replay_ratio <= 0:
+        raise ConfigError(f"--replay_ratio={options.replay_ratio} must be positive (gradient steps per env step)")
+    if options.replay_size < cfg.sampler.rollout:
+        raise ConfigError(f"--replay_size={options.replay_size} must hold at least one trajectory (--rollout)")
+    if options.n_step < 1 or options.actor_delay < 1:
+        raise ConfigError("--n_step and --actor_delay must be at least 1")
+    if not 1 <= options.critic_subset <= options.num_critics:
+        raise ConfigError(
+            f"--critic_subset={options.critic_subset} must be between 1 and --num_critics={options.num_critics}"
+        )
+    if not 0 < options.tau <= 1 or options.critic_learning_rate <= 0:
+        raise ConfigError("--tau must be in (0, 1] and --critic_learning_rate positive")
+    if options.init_temperature <= 0:
+        raise ConfigError(f"--init_temperature={options.init_temperature} must be positive")
+    if min(options.exploration_noise, options.target_noise, options.target_noise_clip) < 0:
+        raise ConfigError("--exploration_noise, --target_noise and --target_noise_clip must not be negative")
+    if options.learning_starts < 0:
+        raise ConfigError(f"--learning_starts={options.learning_starts} must not be negative")
+
+
+def check(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
+    images = [key for key in obs_spec.shapes if obs_spec.is_image(key)]
+    if images:
+        raise ConfigError(
+            f"--algo={cfg.learner.algo} reads vector observations, and this env has image observations "
+            f"({', '.join(images)}): use a vector observation mode (LIBERO: --libero_obs_mode=state), or --algo=ppo"
+        )
+    check_replay_fits(cfg.algorithm_options.replay_size, obs_spec, action_spec, psutil.virtual_memory().available)
+
+
+def describe(cfg: Config) -> str:
+    options = cfg.algorithm_options
+    words = f"replay ratio {options.replay_ratio:g}, {options.num_critics} critics"
+    if options.critic_subset < options.num_critics:
+        words += f" (target: min of {options.critic_subset})"
+    if options.n_step > 1:
+        words += f", {options.n_step}-step returns"
+    return words
+
+
+def status(cfg: Config, learner: dict[str, float]) -> str | None:
+    """``critic loss 0.41 q -35.2 td 0.48 alpha 0.21 entropy -0.8  256 steps a batch``; before the first gradient
+    step, how full the replay is."""
+    if "critic_loss" not in learner:
+        if "replay_fill" not in learner:
+            return None
+        return f"filling the replay to --learning_starts ({learner['replay_fill']:.1%} of --replay_size)"
+    words = f"critic loss {learner['critic_loss']:.3g} q {learner['q_mean']:.3g} td {learner['td_error']:.3g} "
+    if "temperature" in learner:
+        words += f"alpha {learner['temperature']:.3g} entropy {learner.get('entropy', float('nan')):.2f} "
+    return words + f" {learner['gradient_steps']:.0f} steps a batch"

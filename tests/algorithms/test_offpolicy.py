@@ -1,6 +1,7 @@
-"""SAC (``--algo=sac``): the squashed Gaussian's density, the replay ratio the learner holds, a resume that goes on
-with the same networks, optimisers and temperature, truncations bootstrapped from the episode's own last
-observation through the real engine, and learning Pendulum in multi-process mode."""
+"""SAC and TD3 (``--algo=sac|td3``): the squashed Gaussian's density, TD3's noise and target smoothing, the replay
+ratio the learner holds, a resume that goes on with the same networks, optimisers and temperature, truncations
+bootstrapped from the episode's own last observation through the real engine, and learning Pendulum in
+multi-process mode."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import torch
 from helpers import read_summary, run_train, train_command
 from sfengine.algorithms.sac.actor import SquashedGaussianActor
 from sfengine.algorithms.sac.trainer import SACTrainer
+from sfengine.algorithms.td3.actor import DeterministicActor
+from sfengine.algorithms.td3.trainer import TD3Trainer
 from sfengine.config import Config, ConfigError, parse_config
 from sfengine.engine.buffers import TrajectoryBuffers
 from sfengine.env.spaces import ActionSpec, ObsSpec
@@ -24,8 +27,8 @@ ACTION_SPEC = ActionSpec(discrete=False, dim=2, low=(-2.0, 0.0), high=(2.0, 1.0)
 ROLLOUT = 8
 
 
-def sac_config(**options) -> Config:
-    cfg = parse_config(["--algo=sac", "--env=Pendulum-v1", f"--rollout={ROLLOUT}", "--batch_size=32"])
+def sac_config(algo: str = "sac", **options) -> Config:
+    cfg = parse_config([f"--algo={algo}", "--env=Pendulum-v1", f"--rollout={ROLLOUT}", "--batch_size=32"])
     cfg.set("hidden_sizes", [32, 32])
     cfg.set("critic_hidden_sizes", [32, 32])
     cfg.set("learning_starts", 0)
@@ -34,8 +37,10 @@ def sac_config(**options) -> Config:
     return cfg
 
 
-def make_trainer(**options) -> SACTrainer:
-    cfg = sac_config(**options)
+def make_trainer(algo: str = "sac", **options) -> SACTrainer | TD3Trainer:
+    cfg = sac_config(algo, **options)
+    if algo == "td3":
+        return TD3Trainer(DeterministicActor.build(cfg, OBS_SPEC, ACTION_SPEC), cfg)
     return SACTrainer(SquashedGaussianActor.build(cfg, OBS_SPEC, ACTION_SPEC), cfg)
 
 
@@ -90,13 +95,14 @@ def test_the_learner_takes_replay_ratio_gradient_steps_per_env_step_after_learni
     assert [trainer.train(batch(seed), 0, 0)["gradient_steps"] for seed in range(5)] == [3, 3, 3, 3, 4]  # 3.2 each
 
 
-def test_a_resumed_trainer_goes_on_with_the_same_critics_targets_optimisers_and_temperature():
-    trainer = make_trainer(save_replay=True, actor_delay=2)
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_a_resumed_trainer_goes_on_with_the_same_critics_targets_optimisers_and_temperature(algo):
+    trainer = make_trainer(algo, save_replay=True, actor_delay=2)
     for seed in range(3):
         trainer.train(batch(seed), seed, 0)
     state = copy.deepcopy(trainer.state_dict())
     actor_state = copy.deepcopy((trainer.model.state_dict(), trainer.optimizer.state_dict()))
-    resumed = make_trainer(save_replay=True, actor_delay=2)
+    resumed = make_trainer(algo, save_replay=True, actor_delay=2)
     resumed.model.load_state_dict(actor_state[0])
     resumed.optimizer.load_state_dict(actor_state[1])
     resumed.load_state_dict(state)
@@ -108,8 +114,12 @@ def test_a_resumed_trainer_goes_on_with_the_same_critics_targets_optimisers_and_
             assert torch.equal(a, b), name
     for a, b in zip(trainer.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)
-    assert torch.equal(trainer.log_alpha, resumed.log_alpha)
-    assert trainer.log_alpha.item() != 0.0  # the temperature moved, so its value and optimiser matter
+    if algo == "sac":
+        assert torch.equal(trainer.log_alpha, resumed.log_alpha)
+        assert trainer.log_alpha.item() != 0.0  # the temperature moved, so its value and optimiser matter
+    else:
+        for a, b in zip(trainer.target_actor.parameters(), resumed.target_actor.parameters(), strict=True):
+            assert torch.equal(a, b)
 
 
 def test_sac_rules_are_one_line_errors():
@@ -212,7 +222,7 @@ def test_a_replay_that_cannot_fit_and_image_observations_are_one_line_errors_bef
 
 
 def test_the_status_line_says_what_sac_did():
-    from sfengine.algorithms.sac import status
+    from sfengine.algorithms.offpolicy import status
 
     cfg = sac_config()
     assert "filling the replay" in status(cfg, {"replay_fill": 0.001, "gradient_steps": 0.0})
@@ -223,3 +233,49 @@ def test_the_status_line_says_what_sac_did():
         and " alpha " in line
         and line.endswith(f"{stats['gradient_steps']:.0f} steps a batch")
     )
+
+
+def test_td3_acts_with_clipped_noise_and_learns_towards_its_target_actors_smoothed_action():
+    torch.manual_seed(0)
+    trainer = make_trainer("td3", exploration_noise=0.1, target_noise=0.0)
+    actor = trainer.model
+    obs = {"obs": torch.randn(2000, 3)}
+    params = actor.policy_params(obs)
+    mode, _ = actor.mode(params)
+    acting, log_probs = actor.sample(params)
+    assert torch.equal(mode, actor.mode(params)[0]) and (log_probs == 0).all()  # deterministic, no likelihood
+    assert (acting[:, 0].abs() <= 2).all() and (acting[:, 1] >= 0).all() and (acting[:, 1] <= 1).all()
+    spread = (acting - mode)[mode[:, 0].abs() < 1, 0]  # far from the edges: noise of 0.1 half-ranges (2)
+    assert spread.std().item() == pytest.approx(0.2, rel=0.1) and spread.mean().abs() < 0.02
+    # Without target noise the target is the subset minimum of the target critics at the target actor's action.
+    features = trainer.features(obs)
+    value = trainer.target_value(obs, features)
+    target_action = trainer.target_actor.mode(trainer.target_actor.policy_params(obs))[0]
+    expected = trainer.target_critics(features, actor.to_unit(target_action)).min(0).values
+    assert torch.allclose(value, expected)
+    # With it, each draw is clipped to --target_noise_clip half-ranges.
+    trainer.options.target_noise, trainer.options.target_noise_clip = 10.0, 0.1
+    smoothed = trainer.target_actor.noisy(target_action, 10.0, 0.1)
+    assert ((smoothed - target_action).abs() <= 0.1 * actor.action_half_range + 1e-6).all()
+
+
+def test_td3_updates_its_actor_and_target_actor_every_second_critic_step():
+    trainer = make_trainer("td3")
+    assert trainer.options.actor_delay == 2  # TD3's own default
+    before = [p.detach().clone() for p in trainer.target_actor.parameters()]
+    stats = trainer.train(batch(0), 0, 0)
+    assert stats["gradient_steps"] == 32 and trainer.critic_steps == 32
+    moved = [not torch.equal(a, b) for a, b in zip(before, trainer.target_actor.parameters(), strict=True)]
+    assert any(moved)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_each_gradient_step_moves_the_target_critics_by_tau_towards_the_critics(algo):
+    trainer = make_trainer(algo, tau=0.25)
+    trainer.train(batch(0), 0, 0)
+    before = [p.detach().clone() for p in trainer.target_critics.parameters()]
+    trainer.step()
+    for old, target, critic in zip(
+        before, trainer.target_critics.parameters(), trainer.critics.parameters(), strict=True
+    ):
+        assert torch.allclose(target, 0.75 * old + 0.25 * critic, atol=1e-6)

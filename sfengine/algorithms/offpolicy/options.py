@@ -1,6 +1,7 @@
-"""SAC's own options (``--algo=sac``, the ``sac`` group of ``--help``). Defaults: the published SAC settings where
-they agree (Stable-Baselines3, CleanRL: tau 0.005, a temperature learned to -dim(A), 256-256 critics), with RLPD's
-critic recipe (LayerNorm, an ensemble whose target is the minimum of a random pair) at 2 members by default."""
+"""The options of the off-policy algorithms (``--algo=sac`` and ``--algo=td3`` share them: the ``offpolicy`` group
+of ``--help``). Defaults: the published settings where SAC's and TD3's references agree (Stable-Baselines3, CleanRL,
+the TD3 paper: tau 0.005, 256-256 critics), with RLPD's critic recipe (LayerNorm, an ensemble whose target is the
+minimum of a random pair) at 2 members by default. Options that only one of them reads say so."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from sfengine.config import option
 
 
 @dataclass
-class SACOptions:
-    group = "sac"
+class OffPolicyOptions:
+    group = "offpolicy"
 
     replay_size: int = option(1_000_000, "env steps the replay keeps (the oldest are overwritten)")
     replay_ratio: float = option(
@@ -27,12 +28,19 @@ class SACOptions:
     critic_layer_norm: bool = option(True, "LayerNorm after each hidden layer of the critics")
     critic_learning_rate: float = option(3e-4, "Adam learning rate of the critics")
     tau: float = option(0.005, "target critics: Polyak averaging rate per gradient step")
-    actor_delay: int = option(1, "update the actor and the temperature every this many critic steps")
-    init_temperature: float = option(1.0, "the entropy temperature alpha at the start")
-    target_entropy: float = option(
-        0.0, "the entropy the temperature is learned to hold; 0: -(action dimensions), the usual choice"
+    actor_delay: int = option(
+        1, "update the actor (and SAC's temperature) every this many critic steps; unset, --algo=td3 takes 2"
     )
-    learn_temperature: bool = option(True, "learn alpha to --target_entropy; False: keep --init_temperature")
+    init_temperature: float = option(1.0, "sac: the entropy temperature alpha at the start")
+    target_entropy: float = option(
+        0.0, "sac: the entropy the temperature is learned to hold; 0: -(action dimensions), the usual choice"
+    )
+    learn_temperature: bool = option(True, "sac: learn alpha to --target_entropy; False: keep --init_temperature")
+    exploration_noise: float = option(
+        0.1, "td3: std of the Gaussian noise added to the actor's action while acting, in half-ranges of the box"
+    )
+    target_noise: float = option(0.2, "td3: std of the noise on the target action (target policy smoothing)")
+    target_noise_clip: float = option(0.5, "td3: the target action's noise is clipped to [-this, this]")
     save_replay: bool = option(
         False,
         "keep the replay in each checkpoint (its size in memory again on disk), so a resumed run goes on with it; "

@@ -1,0 +1,190 @@
+"""What SAC and TD3 share: the replay fed by each training batch, the replay ratio, the critic ensemble with its
+targets and optimiser, and the state a checkpoint keeps. A subclass says what the critics learn towards
+(``target_value``: the value of the next observation) and how the actor learns (``actor_step``).
+
+    train(batch)  --> the batch's trajectories into the replay --> owed += replay_ratio x its env steps
+                  --> int(owed) gradient steps: critic step, every --actor_delay steps the actor's, target update
+
+The actor is the run's model, trained with the base ``Trainer``'s optimiser (its gradient averaged over the ranks,
+clipped, skipped when not finite); the critics get the same treatment with their own optimiser.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import Tensor
+
+from sfengine.algorithms.offpolicy.critics import CriticEnsemble, soft_update_
+from sfengine.algorithms.offpolicy.replay import NStep, Replay
+from sfengine.config import Config
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.engine.distributed import LearnerGroup
+from sfengine.learning.trainer import Trainer
+from sfengine.models.actor_critic import ActorCritic
+
+ACTOR_STATS = ("actor_loss", "entropy", "grad_norm")
+
+
+class OffPolicyTrainer(Trainer):
+    def __init__(self, model: ActorCritic, cfg: Config, group: LearnerGroup | None = None):
+        super().__init__(model, cfg, group)
+        self.options = options = cfg.algorithm_options
+        self.device = next(model.parameters()).device
+        self.critics = CriticEnsemble(
+            options.num_critics,
+            model.vector_dim + model.action_spec.dim,
+            options.critic_hidden_sizes,
+            options.critic_layer_norm,
+        ).to(self.device)
+        self.group.broadcast_model(self.critics)
+        self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
+        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=options.critic_learning_rate)
+        self.gamma = cfg.learner.gamma
+        self.replay = Replay(options.replay_size, cfg.sampler.rollout, model.obs_spec, model.action_spec)
+        # The replay's draws and the target subsets: a stream of this rank's own, kept in checkpoints.
+        self.generator = torch.Generator().manual_seed(cfg.env.seed * 7919 + 17 + self.group.ranks.rank)
+        self.owed = 0.0  # gradient steps owed, carried over between batches
+        self.critic_steps = 0
+        self.env_steps_seen = 0
+
+    # ---------------------------------------------------------------- what a subclass writes
+
+    def target_value(self, next_obs: dict[str, Tensor], next_features: Tensor) -> Tensor:
+        """V(s') the critics bootstrap from, [N], computed without gradients."""
+        raise NotImplementedError
+
+    def actor_step(self, b: NStep) -> dict[str, float]:
+        """One update of the actor (and what moves with it); its statistics."""
+        raise NotImplementedError
+
+    def round_stats(self) -> dict[str, float]:
+        """Statistics of the trainer's own state after a round (SAC: the temperature)."""
+        return {}
+
+    def extra_state(self) -> dict:
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        pass
+
+    # ---------------------------------------------------------------- one round: a batch of new data
+
+    def train(self, batch: TrajectoryBuffers, learner_version: int, env_steps: int) -> dict[str, float]:
+        lrn = self.cfg.learner
+        rewards = batch.rewards[:, :-1] * lrn.reward_scale
+        if lrn.reward_clip > 0:
+            rewards = rewards.clamp(-lrn.reward_clip, lrn.reward_clip)
+        self.replay.insert(batch, rewards)
+        new_steps = batch.sampled_env_steps()
+        self.env_steps_seen += new_steps
+        self.model.update_normalizers(
+            {key: obs[:, :-1].flatten(0, 1) for key, obs in batch.obs.items()}, self.group.sum
+        )
+        stats = {"replay_fill": self.replay.size / self.replay.capacity}
+        if self.replay.inserted_steps < self.options.learning_starts:
+            return stats | {"gradient_steps": 0.0}
+        self.owed += self.options.replay_ratio * new_steps
+        steps = int(self.owed)
+        self.owed -= steps
+        sums: dict[str, float] = {}
+        for _ in range(steps):
+            for name, value in self.step().items():
+                sums[name] = sums.get(name, 0.0) + value
+        actor_steps = max(1.0, sums.pop("actor_steps", 0.0))
+        for name, value in sums.items():
+            stats[name] = value / (actor_steps if name in ACTOR_STATS else max(1, steps))
+        return stats | self.round_stats() | {"gradient_steps": float(steps)}
+
+    def step(self) -> dict[str, float]:
+        """One gradient step: the critics, every --actor_delay steps the actor, then the targets."""
+        minibatch = self.sample()
+        stats = self.critic_step(minibatch)
+        self.critic_steps += 1
+        if self.critic_steps % self.options.actor_delay == 0:
+            self.set_learning_rate(self.env_steps_seen)
+            stats |= self.actor_step(minibatch) | {"actor_steps": 1.0}
+            self.after_actor_step()
+        soft_update_(self.target_critics, self.critics, self.options.tau)
+        return stats
+
+    def after_actor_step(self) -> None:
+        """What follows the actor's step (TD3: its target actor's update)."""
+
+    def sample(self) -> NStep:
+        sampled = self.replay.sample(self.cfg.learner.batch_size, self.options.n_step, self.gamma, self.generator)
+        if self.device.type == "cpu":
+            return sampled
+        return NStep(*(to_device(field, self.device) for field in sampled))
+
+    def features(self, obs: dict[str, Tensor]) -> Tensor:
+        """What the critics read of an observation: the model's normalised vector input."""
+        return self.model._inputs(obs)[self.model.vector_name]
+
+    def critic_step(self, b: NStep) -> dict[str, float]:
+        with torch.no_grad():
+            target = b.returns + b.discounts * self.target_value(b.next_obs, self.features(b.next_obs))
+        q = self.critics(self.features(b.obs), self.model.to_unit(b.actions))
+        td = q - target
+        loss = td.pow(2).mean(1).sum()  # each member's own mean squared error
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.group.average_gradients(self.critics)
+        max_norm = self.cfg.learner.max_grad_norm if self.cfg.learner.max_grad_norm > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(self.critics.parameters(), max_norm))
+        finite = math.isfinite(norm)
+        if finite:
+            self.critic_optimizer.step()
+        return {
+            "critic_loss": float(loss.detach()) / self.critics.members,
+            "q_mean": float(q.detach().mean()),
+            "td_error": float(td.detach().abs().mean()),
+            "target_mean": float(target.mean()),
+            "critic_grad_norm": norm if finite else 0.0,
+            "critic_nonfinite_fraction": float(not finite),
+        }
+
+    def actor_q(self, obs: dict[str, Tensor], actions: Tensor) -> Tensor:
+        """The ensemble's mean Q of the actor's actions, with gradients to the actions only."""
+        self.critics.requires_grad_(False)
+        try:
+            return self.critics(self.features(obs).detach(), self.model.to_unit(actions)).mean(0)
+        finally:
+            self.critics.requires_grad_(True)
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict:
+        state = {
+            "critics": self.critics.state_dict(),
+            "target_critics": self.target_critics.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "critic_steps": self.critic_steps,
+            "owed": self.owed,
+            "env_steps_seen": self.env_steps_seen,
+            "generator": self.generator.get_state(),
+            **self.extra_state(),
+        }
+        if self.options.save_replay:
+            state["replay"] = self.replay.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.critics.load_state_dict(state["critics"])
+        self.target_critics.load_state_dict(state["target_critics"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.critic_steps = int(state["critic_steps"])
+        self.owed = float(state["owed"])
+        self.env_steps_seen = int(state["env_steps_seen"])
+        self.generator.set_state(state["generator"])
+        self.load_extra_state(state)
+        if "replay" in state:
+            self.replay.load_state_dict(state["replay"])
+
+
+def to_device(field, device: torch.device):
+    if isinstance(field, dict):
+        return {key: value.to(device, non_blocking=True) for key, value in field.items()}
+    return field.to(device, non_blocking=True)

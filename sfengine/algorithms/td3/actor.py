@@ -1,0 +1,44 @@
+"""TD3's policy: a deterministic action squashed into the box, ``center + half_range * tanh(mu(s))``, acted with
+Gaussian exploration noise (``--exploration_noise`` half-ranges, clipped to the box); evaluation and the update use
+the noiseless action. No likelihood: the log-probs it reports are 0."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from sfengine.algorithms.sac.actor import SquashedGaussianActor
+from sfengine.config import Config
+from sfengine.env.spaces import ActionSpec, ObsSpec
+
+
+class DeterministicActor(SquashedGaussianActor):
+    def __init__(self, obs_spec: ObsSpec, action_spec: ActionSpec, cfg, exploration_noise: float):
+        super().__init__(obs_spec, action_spec, cfg)
+        self.exploration_noise = exploration_noise
+
+    @classmethod
+    def build(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> DeterministicActor:
+        return cls(obs_spec, action_spec, cfg.model, cfg.algorithm_options.exploration_noise)
+
+    def action(self, params: Tensor) -> Tensor:
+        """The noiseless action (differentiable in the weights)."""
+        mean, _ = self._mean_log_std(params)
+        return self.action_center + self.action_half_range * torch.tanh(mean)
+
+    def noisy(self, actions: Tensor, std: float, clip: float | None = None) -> Tensor:
+        """``actions`` plus Gaussian noise of ``std`` half-ranges (each draw clipped to +-``clip`` half-ranges),
+        kept inside the box."""
+        noise = torch.randn_like(actions) * std
+        if clip is not None:
+            noise = noise.clamp(-clip, clip)
+        low, high = self.action_center - self.action_half_range, self.action_center + self.action_half_range
+        return torch.maximum(torch.minimum(actions + noise * self.action_half_range, high), low)
+
+    def sample(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        actions = self.noisy(self.action(params), self.exploration_noise)
+        return actions, actions.new_zeros(actions.shape[0])
+
+    def mode(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        actions = self.action(params)
+        return actions, actions.new_zeros(actions.shape[0])
