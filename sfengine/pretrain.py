@@ -10,7 +10,9 @@ spaces. The actor learns the demonstrated actions (``sfengine.learning.behavior_
 out for validation; the observation statistics are the training demonstrations'; the value head stays as
 initialised. ``train_dir/<experiment>/`` then holds what a training run leaves: ``config.json``, a checkpoint
 (policy version 0, 0 env steps), ``tensorboard/`` (``pretrain/train_loss``, ``pretrain/validation_loss`` per
-epoch) and ``summary.json``.
+epoch) and ``summary.json``. The checkpoint keeps the weights of the epoch with the lowest validation loss
+(``--keep_weights=best``; ``summary.json``'s ``kept_epoch``): a clone of a few demonstrations overfits long before
+its last epoch. ``--pretrain_patience=N`` stops once N epochs passed without a better one.
 
 Exit codes: 0 done (also after Ctrl-C or SIGTERM, which stop after the optimiser step under way and save the
 checkpoint), 2 bad input (options, demonstrations that do not fit the env, an experiment that already has
@@ -20,7 +22,9 @@ checkpoints), reported on one line.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import math
 import os
 import sys
 import time
@@ -77,6 +81,15 @@ class PretrainOptions:
     validation_fraction: float = option(
         0.1, "share of the demonstrations (whole episodes) held out for the validation loss; 0: none"
     )
+    keep_weights: str = option(
+        "best",
+        "the weights the checkpoint keeps: best (those of the epoch with the lowest validation loss: a clone of a "
+        "few demonstrations overfits long before the last epoch; the last without a validation set) or last",
+        ("best", "last"),
+    )
+    pretrain_patience: int = option(
+        0, "stop once the validation loss has not improved for this many epochs (0: run every epoch)"
+    )
 
     def validate(self) -> None:
         if self.pretrain_epochs < 1 or self.pretrain_batch_size < 1:
@@ -85,6 +98,13 @@ class PretrainOptions:
             raise ConfigError(f"--pretrain_learning_rate={self.pretrain_learning_rate} must be positive")
         if not 0 <= self.validation_fraction < 1:
             raise ConfigError(f"--validation_fraction={self.validation_fraction} must lie in [0, 1)")
+        if self.pretrain_patience < 0:
+            raise ConfigError(f"--pretrain_patience={self.pretrain_patience} must not be negative")
+        if self.validation_fraction == 0 and self.pretrain_patience:
+            raise ConfigError(
+                "--pretrain_patience stops on the validation loss, and --validation_fraction=0 leaves none: drop "
+                "one of them"
+            )
 
 
 def read_demo_files(paths: str, given: dict[str, Any]) -> DemoSet:
@@ -218,6 +238,7 @@ def pretrain(
         writer.add_scalar("pretrain/validation_loss", losses["validation"][0], 0)
     progress = ProgressLine(epochs, -(-len(train) // batch_size))
     stop_reason = f"trained for {epochs} epochs"
+    best = BestEpoch()
 
     def after_step(done: int, loss: float) -> None:
         progress.step(done, loss)
@@ -235,10 +256,31 @@ def pretrain(
                 if val_loss is not None:
                     writer.add_scalar("pretrain/validation_loss", val_loss, epoch)
                 progress.epoch_done(epoch, train_loss, val_loss, started)
+                if val_loss is not None and best.offer(epoch, val_loss, model, optimizer):
+                    writer.add_scalar("pretrain/best_epoch", epoch, epoch)
+                if options.pretrain_patience and epoch - best.epoch >= options.pretrain_patience:
+                    stop_reason = (
+                        f"stopped after {epoch} epochs: no better validation loss in the last "
+                        f"{options.pretrain_patience} (--pretrain_patience)"
+                    )
+                    break
     except StopSignals.Interrupted as exc:
         # The steps of the unfinished epoch stay in the weights; the losses list whole epochs only.
         stop_reason = f"interrupted by {exc} after {len(losses['train'])} epochs"
         print(f"\nsfengine.pretrain: {stop_reason}: saving a checkpoint", file=sys.stderr, flush=True)
+    last_epoch = len(losses["train"])
+    if options.keep_weights == "best" and best.epoch and best.epoch != last_epoch:
+        best.restore(model, optimizer)  # the epoch that generalised best, not the last, most overfit one
+    kept_epoch = best.epoch if options.keep_weights == "best" and best.epoch else last_epoch
+    print(
+        f"sfengine.pretrain: the checkpoint keeps the weights of epoch {kept_epoch} of {last_epoch}"
+        + (
+            f" (validation loss {losses['validation'][kept_epoch]:.4f})"
+            if losses["validation"][kept_epoch] is not None
+            else ""
+        ),
+        flush=True,
+    )
     action_std = fit_action_std(model, train, batch_size)
     fitted_loss = validate() if action_std is not None else None  # the loss of the checkpoint's std
     if fitted_loss is not None:
@@ -255,6 +297,8 @@ def pretrain(
         "train_samples": len(train),
         "validation_samples": len(validation),
         "epochs": len(losses["train"]),
+        "kept_epoch": kept_epoch,  # whose weights the checkpoint holds (--keep_weights)
+        "keep_weights": options.keep_weights,
         "loss": LOSS_NAMES[head],
         "train_loss": losses["train"],
         "validation_loss": losses["validation"],  # entry 0: before training
@@ -269,6 +313,28 @@ def pretrain(
     summary_path.with_suffix(".json.tmp").write_text(json.dumps(summary, indent=2))
     os.replace(summary_path.with_suffix(".json.tmp"), summary_path)
     return summary
+
+
+class BestEpoch:
+    """The weights (and optimiser state) of the epoch with the lowest validation loss so far, on the CPU."""
+
+    def __init__(self):
+        self.epoch, self.loss = 0, math.inf
+        self.model_state: dict | None = None
+        self.optimizer_state: dict | None = None
+
+    def offer(self, epoch: int, loss: float, model, optimizer: torch.optim.Optimizer) -> bool:
+        """Keep this epoch's weights if its validation loss is the lowest yet; whether it was."""
+        if not loss < self.loss:
+            return False
+        self.epoch, self.loss = epoch, loss
+        self.model_state = {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
+        self.optimizer_state = copy.deepcopy(optimizer.state_dict())
+        return True
+
+    def restore(self, model, optimizer: torch.optim.Optimizer) -> None:
+        model.load_state_dict(self.model_state)
+        optimizer.load_state_dict(self.optimizer_state)
 
 
 def checkpoint_state(model, optimizer: torch.optim.Optimizer, options: PretrainOptions) -> dict:

@@ -219,3 +219,28 @@ def test_help_lists_the_pretrain_group(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "pretrain:" in out and "--validation_fraction" in out and "--critic_warmup_batches" in out
+
+
+@pytest.mark.slow
+def test_the_checkpoint_keeps_the_epoch_of_the_lowest_validation_loss(demo_file, tmp_path):
+    # Few demonstrations, a high learning rate and many epochs: the validation loss turns up long before the end.
+    args = ["--pretrain_batch_size=16", "--pretrain_learning_rate=1e-2", "--validation_fraction=0.25"]
+    assert run_pretrain(tmp_path, "best", demo_file, "--pretrain_epochs=60", *args) == 0
+    summary = read_json(tmp_path / "best" / "summary.json")
+    validation = summary["validation_loss"]
+    kept = summary["kept_epoch"]
+    assert kept == 1 + int(np.argmin(validation[1:])) and kept < summary["epochs"] == 60, validation
+    assert validation[-1] > validation[kept]  # it overfit: the last epoch was the worse choice
+    # The same training stopped at that epoch holds the same weights (training is deterministic on the CPU).
+    assert run_pretrain(tmp_path, "stopped", demo_file, f"--pretrain_epochs={kept}", "--keep_weights=last", *args) == 0
+    (best,), (stopped,) = list_checkpoints(tmp_path / "best"), list_checkpoints(tmp_path / "stopped")
+    best_model, stopped_model = (
+        torch.load(best, weights_only=True)["model"],
+        torch.load(stopped, weights_only=True)["model"],
+    )
+    for name, tensor in best_model.items():
+        torch.testing.assert_close(tensor, stopped_model[name], rtol=0, atol=0, msg=name)
+    # --pretrain_patience stops once that many epochs pass without a better one.
+    assert run_pretrain(tmp_path, "patient", demo_file, "--pretrain_epochs=60", "--pretrain_patience=5", *args) == 0
+    patient = read_json(tmp_path / "patient" / "summary.json")
+    assert patient["epochs"] == patient["kept_epoch"] + 5 < 60 and "--pretrain_patience" in patient["stop_reason"]
