@@ -88,9 +88,10 @@ def test_the_squashed_gaussian_acts_inside_the_box_with_the_density_it_reports()
 
 def test_the_learner_takes_replay_ratio_gradient_steps_per_env_step_after_learning_starts():
     trainer = make_trainer(replay_ratio=0.75, learning_starts=64)
-    steps = [trainer.train(batch(seed), 0, 0)["gradient_steps"] for seed in range(5)]
+    rounds = [trainer.train(batch(seed), 0, 0) for seed in range(5)]
     # Each batch: 4 trajectories x 8 steps = 32 env steps. Nothing before 64 are in; then 0.75 x 32 = 24 a batch.
-    assert steps == [0, 24, 24, 24, 24]
+    assert [stats["gradient_steps"] for stats in rounds] == [0, 24, 24, 24, 24]
+    assert rounds[-1]["replay_ratio_achieved"] == 0.75  # 96 steps for the 128 env steps since it began
     trainer = make_trainer(replay_ratio=0.1)
     assert [trainer.train(batch(seed), 0, 0)["gradient_steps"] for seed in range(5)] == [3, 3, 3, 3, 4]  # 3.2 each
 

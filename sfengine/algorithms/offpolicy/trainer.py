@@ -49,6 +49,7 @@ class OffPolicyTrainer(Trainer):
         self.owed = 0.0  # gradient steps owed, carried over between batches
         self.critic_steps = 0
         self.env_steps_seen = 0
+        self.learning_from = -1  # env_steps_seen when the first gradient step was owed (-1: not yet)
 
     # ---------------------------------------------------------------- what a subclass writes
 
@@ -86,6 +87,8 @@ class OffPolicyTrainer(Trainer):
         stats = {"replay_fill": self.replay.size / self.replay.capacity}
         if self.replay.inserted_steps < self.options.learning_starts:
             return stats | {"gradient_steps": 0.0}
+        if self.learning_from < 0:
+            self.learning_from = self.env_steps_seen - new_steps
         self.owed += self.options.replay_ratio * new_steps
         steps = int(self.owed)
         self.owed -= steps
@@ -96,7 +99,10 @@ class OffPolicyTrainer(Trainer):
         actor_steps = max(1.0, sums.pop("actor_steps", 0.0))
         for name, value in sums.items():
             stats[name] = value / (actor_steps if name in ACTOR_STATS else max(1, steps))
-        return stats | self.round_stats() | {"gradient_steps": float(steps)}
+        # The replay ratio achieved since the learning started: gradient steps per env step (the target, exactly,
+        # up to the fraction carried to the next batch).
+        achieved = self.critic_steps / max(1, self.env_steps_seen - self.learning_from)
+        return stats | self.round_stats() | {"gradient_steps": float(steps), "replay_ratio_achieved": achieved}
 
     def step(self) -> dict[str, float]:
         """One gradient step: the critics, every --actor_delay steps the actor, then the targets."""
@@ -164,6 +170,7 @@ class OffPolicyTrainer(Trainer):
             "critic_steps": self.critic_steps,
             "owed": self.owed,
             "env_steps_seen": self.env_steps_seen,
+            "learning_from": self.learning_from,
             "generator": self.generator.get_state(),
             **self.extra_state(),
         }
@@ -178,6 +185,7 @@ class OffPolicyTrainer(Trainer):
         self.critic_steps = int(state["critic_steps"])
         self.owed = float(state["owed"])
         self.env_steps_seen = int(state["env_steps_seen"])
+        self.learning_from = int(state["learning_from"])
         self.generator.set_state(state["generator"])
         self.load_extra_state(state)
         if "replay" in state:
