@@ -88,8 +88,11 @@ def test_pendulum_box_actions_reach_minus_400_within_300k_steps(train_dir, chunk
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "pendulum")
     # A random policy scores about -1200. The preset swings the pendulum up and holds it (about -200 by 300k
-    # steps); a regression that only halves its quality still fails here.
-    assert reached_target(summary, "stop_at_return=-400"), summary
+    # steps); a regression that only halves its quality still fails here. At 36k env steps/s the episode statistics
+    # (which the rollout workers report every second or so) can trail the learner's batches by more than the last
+    # few thousand steps, so the run may reach its step limit with the window already past -400 (CI, 2026-11-27:
+    # -230 at 303k steps, stopped by the limit): both count.
+    assert reached_target(summary, "stop_at_return=-400") or summary["episode_return_mean"] >= -400, summary
 
 
 @pytest.mark.slow
