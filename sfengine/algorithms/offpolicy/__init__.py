@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import psutil
 
+from sfengine.algorithms import TRAJECTORIES, Algorithm
+from sfengine.algorithms.offpolicy.options import OffPolicyOptions
 from sfengine.algorithms.offpolicy.replay import check_replay_fits
 from sfengine.config import Config, ConfigError
 from sfengine.env.spaces import ActionSpec, ObsSpec
@@ -23,10 +25,29 @@ OFF_POLICY_DEFAULTS = {
 }
 
 
-def set_defaults(cfg: Config, given: set[str], own: dict) -> None:
-    for name, value in {**OFF_POLICY_DEFAULTS, **own}.items():
-        if name not in given:
-            cfg.set(name, value)
+def off_policy_algorithm(trainer, model, title: str, own_defaults: dict) -> Algorithm:
+    """The spec of an off-policy algorithm: its trainer (an ``OffPolicyTrainer``), the policy it acts with, and the
+    defaults it sets beyond the shared ones where a run gives none."""
+
+    def defaults(cfg: Config, given: set[str]) -> None:
+        for name, value in {**OFF_POLICY_DEFAULTS, **own_defaults}.items():
+            if name not in given:
+                cfg.set(name, value)
+
+    return Algorithm(
+        trainer=trainer,
+        options=OffPolicyOptions,
+        validate=validate,
+        defaults=defaults,
+        critic=False,  # the acting model has no value head: the critics are the trainer's
+        batch=TRAJECTORIES,
+        final_obs=True,  # n-step targets bootstrap a time limit from the episode's own last observation
+        model=model,
+        check=check,
+        title=title,
+        describe=describe,
+        status=status,
+    )
 
 
 def validate(cfg: Config) -> None:

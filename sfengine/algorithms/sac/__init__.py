@@ -10,32 +10,12 @@ tanh-squashed Gaussian (``actor.SquashedGaussianActor``); the update is ``traine
 
 from __future__ import annotations
 
-from sfengine.algorithms import TRAJECTORIES, Algorithm, register_algorithm
-from sfengine.algorithms.offpolicy import check, describe, set_defaults, status, validate
-from sfengine.algorithms.offpolicy.options import OffPolicyOptions
+from sfengine.algorithms import register_algorithm
+from sfengine.algorithms.offpolicy import off_policy_algorithm
 from sfengine.algorithms.sac.actor import SquashedGaussianActor
 from sfengine.algorithms.sac.trainer import SACTrainer
-from sfengine.config import Config
-
-
-def defaults(cfg: Config, given: set[str]) -> None:
-    set_defaults(cfg, given, {"continuous_log_std": "state_dependent"})
-
 
 register_algorithm(
     "sac",
-    Algorithm(
-        trainer=SACTrainer,
-        options=OffPolicyOptions,
-        validate=validate,
-        defaults=defaults,
-        critic=False,  # the acting model has no value head: the critics are the trainer's
-        batch=TRAJECTORIES,
-        final_obs=True,
-        model=SquashedGaussianActor.build,
-        check=check,
-        title="SAC",
-        describe=describe,
-        status=status,
-    ),
+    off_policy_algorithm(SACTrainer, SquashedGaussianActor.build, "SAC", {"continuous_log_std": "state_dependent"}),
 )

@@ -5,32 +5,10 @@
 
 from __future__ import annotations
 
-from sfengine.algorithms import TRAJECTORIES, Algorithm, register_algorithm
-from sfengine.algorithms.offpolicy import check, describe, set_defaults, status, validate
-from sfengine.algorithms.offpolicy.options import OffPolicyOptions
+from sfengine.algorithms import register_algorithm
+from sfengine.algorithms.offpolicy import off_policy_algorithm
 from sfengine.algorithms.td3.actor import DeterministicActor
 from sfengine.algorithms.td3.trainer import TD3Trainer
-from sfengine.config import Config
 
-
-def defaults(cfg: Config, given: set[str]) -> None:
-    set_defaults(cfg, given, {"actor_delay": 2})  # the TD3 paper's policy delay
-
-
-register_algorithm(
-    "td3",
-    Algorithm(
-        trainer=TD3Trainer,
-        options=OffPolicyOptions,
-        validate=validate,
-        defaults=defaults,
-        critic=False,
-        batch=TRAJECTORIES,
-        final_obs=True,
-        model=DeterministicActor.build,
-        check=check,
-        title="TD3",
-        describe=describe,
-        status=status,
-    ),
-)
+# The TD3 paper's policy delay: the actor and its target move every second critic step.
+register_algorithm("td3", off_policy_algorithm(TD3Trainer, DeterministicActor.build, "TD3", {"actor_delay": 2}))
