@@ -31,7 +31,11 @@ class OffPolicyOptions:
     actor_delay: int = option(
         1, "update the actor (and SAC's temperature) every this many critic steps; unset, --algo=td3 takes 2"
     )
-    init_temperature: float = option(1.0, "sac: the entropy temperature alpha at the start")
+    init_temperature: float = option(
+        0.1,
+        "sac: the entropy temperature alpha at the start (1, SB3's and CleanRL's start, made sparse_reach's success "
+        "a loss: its entropy bonus outpaid the one reward of a success that ends the episode)",
+    )
     target_entropy: float = option(
         0.0, "sac: the entropy the temperature is learned to hold; 0: -(action dimensions), the usual choice"
     )
