@@ -35,7 +35,6 @@ import torch
 from tensorboardX import SummaryWriter
 
 from sfengine.config import (
-    GROUP_OWNERS,
     Config,
     ConfigError,
     add_command_options,
@@ -43,10 +42,10 @@ from sfengine.config import (
     command_options,
     load_preset,
     option,
-    option_table,
     parse_config,
 )
-from sfengine.demos.dataset import DemoSet, read_demos
+from sfengine.demos.dataset import DemoSet
+from sfengine.demos.fit import IMAGE_SIZE_OPTION, OBS_MODE_OPTION, check_demos_fit, owns_obs_mode, read_demo_files
 from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
 from sfengine.engine.cpu_threads import set_cpu_threads
 from sfengine.engine.distributed import RankInfo, rank_device
@@ -64,8 +63,6 @@ from sfengine.learning.behavior_cloning import (
 from sfengine.reporting.progress import format_duration
 from sfengine.train import build_model, prepare_experiment_dir, probe_env
 
-OBS_MODE_OPTION = "libero_obs_mode"  # the env option a demonstration file's obs_mode sets
-IMAGE_SIZE_OPTION = "libero_image_size"  # LIBERO's published files are replayed at this size in rgb mode
 LOSS_NAMES = {"gaussian": "negative log-likelihood", "flow": "flow-matching error"}
 
 
@@ -74,7 +71,6 @@ class PretrainOptions:
     """sfengine.pretrain's own options (its group in --help)."""
 
     group: ClassVar[str] = "pretrain"
-    demos: str = option("", "demonstration files (sfengine.demos format), comma-separated")
     pretrain_epochs: int = option(50, "passes over the training demonstrations")
     pretrain_batch_size: int = option(256, "samples (steps) per optimiser step")
     pretrain_learning_rate: float = option(3e-4, "Adam learning rate")
@@ -107,17 +103,6 @@ class PretrainOptions:
             )
 
 
-def read_demo_files(paths: str, given: dict[str, Any]) -> DemoSet:
-    """The DemoSet of ``--demos`` (several files are read as one set). An env or observation mode the user gave
-    must be the files'; LIBERO's published files are replayed in it (default: state mode)."""
-    files = [path for path in paths.split(",") if path]
-    try:
-        image_size = int(given.get(IMAGE_SIZE_OPTION, option_table()[IMAGE_SIZE_OPTION].default))
-        return read_demos(files, env=given.get("env"), obs_mode=given.get(OBS_MODE_OPTION), image_size=image_size)
-    except (OSError, ValueError) as exc:  # DemoFileError is a ValueError
-        raise ConfigError(f"--demos: {exc}") from None
-
-
 def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
     """The options that ``argv`` sets, on its command line or in its ``--cfg`` preset (``--help`` exits here)."""
     try:
@@ -136,7 +121,7 @@ def demo_defaults(given: dict[str, Any], demo_set: DemoSet) -> list[str]:
     critic-free model in sfengine.evaluate and sfengine.train."""
     defaults = {"env": demo_set.env}
     env = given.get("env", demo_set.env)
-    if GROUP_OWNERS["env"].get(env) == option_table()[OBS_MODE_OPTION].group:
+    if owns_obs_mode(env):
         defaults[OBS_MODE_OPTION] = demo_set.obs_mode
         images = [obs for obs in demo_set.demos[0].obs.values() if obs.ndim == 4] if demo_set.demos else []
         if images:  # the cameras' size too
@@ -144,31 +129,6 @@ def demo_defaults(given: dict[str, Any], demo_set: DemoSet) -> list[str]:
     if given.get("policy_head") == "flow":
         defaults.update(algo="flow_sar", group_outcome="success")
     return [f"--{name}={value}" for name, value in defaults.items() if name not in given]
-
-
-def check_demos_fit(demo_set: DemoSet, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
-    """The demonstrations must have this env's observations and actions (``read_demos`` checked the env's name
-    and observation mode)."""
-    if not demo_set.demos:
-        raise ConfigError("the demonstration files hold no episodes")
-    if action_spec.discrete:
-        raise ConfigError(f"env '{cfg.env.env}' has discrete actions; behavioural cloning here needs a Box action")
-    for index, demo in enumerate(demo_set.demos):
-        where = f"demonstration {index} (task {demo.task}, init state {demo.init_state})"
-        if set(demo.obs) != set(obs_spec.shapes):
-            raise ConfigError(
-                f"{where} has observations {sorted(demo.obs)}, env '{cfg.env.env}' {sorted(obs_spec.shapes)}"
-            )
-        for key, shape in obs_spec.shapes.items():
-            if tuple(demo.obs[key].shape[1:]) != shape or len(demo.obs[key]) != len(demo.actions):
-                raise ConfigError(
-                    f"{where}: observation '{key}' is {tuple(demo.obs[key].shape)}, expected {len(demo.actions)} "
-                    f"steps of {shape}"
-                )
-        if len(demo.actions) == 0 or demo.actions.ndim != 2 or demo.actions.shape[1] != action_spec.env_dim:
-            raise ConfigError(
-                f"{where}: actions are {tuple(demo.actions.shape)}, expected steps of {action_spec.env_dim} values"
-            )
 
 
 class ProgressLine:
@@ -286,9 +246,11 @@ def pretrain(
     if fitted_loss is not None:
         writer.add_scalar("pretrain/validation_loss_fitted_std", fitted_loss, len(losses["train"]))
     writer.close()
-    path = save_checkpoint(cfg.experiment_dir, checkpoint_state(model, optimizer, options), cfg.run.keep_checkpoints)
+    path = save_checkpoint(
+        cfg.experiment_dir, checkpoint_state(model, optimizer, cfg, options), cfg.run.keep_checkpoints
+    )
     summary = {
-        "demos": options.demos,
+        "demos": cfg.learner.demos,
         "env": cfg.env.env,
         "policy_head": head,
         "action_chunk": cfg.model.action_chunk,
@@ -337,7 +299,7 @@ class BestEpoch:
         optimizer.load_state_dict(self.optimizer_state)
 
 
-def checkpoint_state(model, optimizer: torch.optim.Optimizer, options: PretrainOptions) -> dict:
+def checkpoint_state(model, optimizer: torch.optim.Optimizer, cfg: Config, options: PretrainOptions) -> dict:
     """A training run's checkpoint at its start (policy version 0, 0 env steps, no task sequence), so that
     sfengine.evaluate and sfengine.train --init_from read it as they read any other."""
     return {
@@ -346,7 +308,7 @@ def checkpoint_state(model, optimizer: torch.optim.Optimizer, options: PretrainO
         "env_steps": 0,
         "policy_version": 0,
         "task_sequence": {"ranks": []},
-        "pretrain": {"demos": options.demos, "epochs": options.pretrain_epochs},
+        "pretrain": {"demos": cfg.learner.demos, "epochs": options.pretrain_epochs},
     }
 
 
@@ -358,9 +320,15 @@ def main(argv: list[str] | None = None) -> int:
         add_command_options(parser, PretrainOptions)
         options, rest = command_options(PretrainOptions, argv)
         given = given_options(parser, rest)
-        if not options.demos:
+        if not given.get("demos"):
             raise ConfigError("give the demonstrations: --demos=FILE[,FILE...] (written by python -m sfengine.demos)")
-        demo_set = read_demo_files(options.demos, given)
+        image_size = given.get(IMAGE_SIZE_OPTION)
+        demo_set = read_demo_files(
+            given["demos"],
+            given.get("env"),
+            given.get(OBS_MODE_OPTION),
+            None if image_size is None else int(image_size),
+        )
         cfg = parse_config([*demo_defaults(given, demo_set), *rest], parser)
         obs_spec, action_spec, _ = probe_env(cfg, resolve_env_factory(cfg.env.env))
         check_demos_fit(demo_set, cfg, obs_spec, action_spec)

@@ -216,8 +216,14 @@ def main(argv: list[str] | None = None) -> int:
             model = build_model(cfg, obs_spec, action_spec, None, init_from)
         # --inference_backend=numpy or --learner_backend=numpy on a policy they cannot run: say so before any
         # directory is touched (the choice depends on the model's structure, not its weights).
-        if (check := algorithm_for(cfg).check) is not None:
-            check(cfg, obs_spec, action_spec)  # its rules on the env's spaces (SAC: the replay fits in memory)
+        algorithm = algorithm_for(cfg)
+        if cfg.learner.demos and not algorithm.demos:
+            raise ConfigError(
+                f"--algo={cfg.learner.algo} does not learn from --demos: clone them first (python -m sfengine.pretrain "
+                "--demos=...) and fine-tune the clone with --init_from, or keep them in the replay of --algo=sac or td3"
+            )
+        if algorithm.check is not None:
+            algorithm.check(cfg, obs_spec, action_spec)  # its rules on the env's spaces (SAC: the replay fits)
         probe = model if init_from is not None else build_model(cfg, obs_spec, action_spec, None)
         choose_inference_backend(cfg, probe)
         choose_learner_backend(cfg, probe)

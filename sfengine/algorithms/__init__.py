@@ -21,6 +21,7 @@ A spec (``Algorithm``) declares what the engine needs and nothing more:
                    published beside the policy; None for an algorithm that annotates nothing
     final_obs      whether a batch keeps each truncated episode's last observation at its step (``final_obs`` of
                    TrajectoryBuffers): what a Q-learning target bootstraps from at a time limit (SAC: yes)
+    demos          whether it learns from --demos (SAC and TD3: in the replay); a run of another algorithm refuses them
     model(cfg, obs_spec, action_spec)   the policy it acts with when --model is the default (SAC's squashed
                    Gaussian); None: the engine's ActorCritic
     defaults(cfg, given)   the defaults it chooses from the run's other settings: it sets options that no layer
@@ -57,6 +58,7 @@ class Algorithm:
     batch: str | Callable[[Config], str] = TRAJECTORIES
     annotate: Callable[..., Any] | None = None
     final_obs: bool = False
+    demos: bool = False
     model: Callable[..., Any] | None = None
     defaults: Callable[[Config, set[str]], None] | None = None
     numpy_learner: Callable[[Config], str | None] | None = None

@@ -89,6 +89,11 @@ class LearnerConfig:
         ("auto", "torch", "numpy"),
     )
     device: str = option("cpu", "device of the learner and inference workers", ("cpu", "cuda"))
+    demos: str = option(
+        "",
+        "demonstration files (python -m sfengine.demos writes them; LIBERO's published files), comma-separated: "
+        "sfengine.pretrain clones them, --algo=sac and td3 keep them in the replay (--demo_ratio of each minibatch)",
+    )
     algo: str = option(
         "ppo",
         "ppo (the policy surrogate of --clip_mode with the advantages of --advantage), flow_sar (a flow-matching "

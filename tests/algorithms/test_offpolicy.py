@@ -11,6 +11,7 @@ import math
 import subprocess
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +21,7 @@ from sfengine.algorithms.sac.trainer import SACTrainer
 from sfengine.algorithms.td3.actor import DeterministicActor
 from sfengine.algorithms.td3.trainer import TD3Trainer
 from sfengine.config import Config, ConfigError, parse_config
+from sfengine.demos import Demo, DemoSet, write_demos
 from sfengine.engine.buffers import TrajectoryBuffers
 from sfengine.env.spaces import ActionSpec, ObsSpec
 
@@ -222,6 +224,47 @@ def test_a_replay_that_cannot_fit_and_image_observations_are_one_line_errors_bef
         errors = [line for line in result.stderr.splitlines() if line.startswith("sfengine.train: error")]
         assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
         assert not (train_dir / "sac_bad").exists()  # nothing written
+
+
+def pendulum_demos(path, count: int = 2, steps: int = 5) -> str:
+    """``count`` demonstrations of Pendulum-v1 whose observations are 1000 + their step, written to ``path``."""
+    obs = 1000 + np.repeat(np.arange(steps, dtype=np.float32)[:, None], 3, 1)
+    demo = Demo(
+        {"obs": obs},
+        np.zeros((steps, 2), np.float32),
+        np.ones(steps, np.float32),
+        np.zeros(steps, np.uint8),
+        None,
+        0,
+        0,
+    )
+    write_demos(path, DemoSet("Pendulum-v1", "state", [demo] * count))
+    return str(path)
+
+
+def test_demonstrations_fill_the_asked_share_of_each_minibatch(tmp_path):
+    trainer = make_trainer(demos=pendulum_demos(tmp_path / "demos.hdf5"), demo_ratio=0.25)
+    stats = trainer.train(batch(0), 0, 0)
+    assert stats["demo_share"] == 0.25 and stats["gradient_steps"] == 32
+    minibatch = trainer.sample()
+    from_demos = minibatch.obs["obs"][:, 0] >= 1000
+    assert from_demos.tolist() == [True] * 8 + [False] * 24  # 0.25 of --batch_size=32, online data the rest
+    assert trainer.model.normalizers["obs"].mean[0] > 100  # their observations are in the input statistics
+    without = make_trainer(demos=pendulum_demos(tmp_path / "demos.hdf5"), demo_ratio=0.0)
+    without.train(batch(0), 0, 0)
+    assert not (without.sample().obs["obs"][:, 0] >= 1000).any()
+
+
+def test_demonstrations_of_another_env_or_for_an_algorithm_that_ignores_them_are_one_line_errors(tmp_path, train_dir):
+    demos = pendulum_demos(tmp_path / "demos.hdf5")
+    for args, message in [
+        (["--algo=sac", "--env=MountainCarContinuous-v0"], "holds demos of Pendulum-v1, not MountainCarContinuous-v0"),
+        (["--algo=ppo", "--env=Pendulum-v1"], "--algo=ppo does not learn from --demos"),
+    ]:
+        result = run_train(train_dir, "bad_demos", f"--demos={demos}", *args, timeout=120)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("sfengine.train: error")]
+        assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+        assert not (train_dir / "bad_demos").exists()
 
 
 def test_the_status_line_says_what_sac_did():

@@ -3,6 +3,7 @@ the ring's overwrite, uniform sampling; the critic ensemble's batched members an
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ from sfengine.algorithms.offpolicy.critics import (
     subset_min,
 )
 from sfengine.algorithms.offpolicy.replay import Replay
+from sfengine.demos import Demo, DemoSet
 from sfengine.engine.buffers import TrajectoryBuffers
 from sfengine.env.spaces import ActionSpec, ObsSpec
 
@@ -75,6 +77,30 @@ def test_the_ring_overwrites_its_oldest_rows_and_samples_only_stored_steps():
     assert replay.obs["obs"][:, 0, 0].tolist() == [1010, 10, 1000]
     counts = torch.bincount(replay.sample_indices(30000, torch.Generator().manual_seed(1))[0], minlength=3)
     assert (counts.float() / 30000 - 1 / 3).abs().max() < 0.02  # uniform over the stored rows
+
+
+def test_a_successful_demonstration_terminates_and_a_failed_one_bootstraps_from_its_last_observation():
+    def demonstration(start: float, steps: int, success: bool) -> Demo:
+        obs = start + np.arange(steps, dtype=np.float32)[:, None]
+        rewards = np.zeros(steps, np.float32)
+        rewards[-1] = float(success)
+        dones = np.zeros(steps, np.uint8)
+        dones[-1] = success
+        return Demo({"obs": obs}, obs / 100, rewards, dones, None, 0, 0)
+
+    demos = DemoSet("env", "state", [demonstration(0, 3, True), demonstration(50, 4, False)])
+    replay = Replay.of_demos(demos, OBS_SPEC, ACTION_SPEC, lambda rewards: 10 * rewards)
+    # The success's 3 steps and the failure's first 3 (its last observation is only a bootstrap): 6 starts.
+    rows, t = replay.sample_indices(3000, torch.Generator().manual_seed(0))
+    starts = set(zip(rows.tolist(), t.tolist(), strict=True))
+    assert starts == {(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)}
+    out = replay.n_step(torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 0, 2]), 3, GAMMA)
+    # Success: its reward (scaled by the learner's view, x10) at the last step, then nothing to bootstrap.
+    # Failure: truncated at step 2, bootstrapping from observation 53 (the one after step 2's action).
+    assert out.returns.tolist() == [0.25 * 10, 10, 0, 0]
+    assert out.discounts.tolist() == [0, 0, 0.125, 0.5]
+    assert out.next_obs["obs"].squeeze(1)[2:].tolist() == [53, 53]
+    assert out.actions.squeeze(1).tolist() == pytest.approx([0, 0.02, 0.5, 0.52])
 
 
 def test_each_member_of_the_ensemble_is_its_own_network_computed_in_one_batch():

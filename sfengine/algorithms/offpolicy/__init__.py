@@ -10,6 +10,7 @@ from sfengine.algorithms import TRAJECTORIES, Algorithm
 from sfengine.algorithms.offpolicy.options import OffPolicyOptions
 from sfengine.algorithms.offpolicy.replay import check_replay_fits
 from sfengine.config import Config, ConfigError
+from sfengine.demos.fit import check_demos_fit, read_run_demos
 from sfengine.env.spaces import ActionSpec, ObsSpec
 
 # The engine's defaults are PPO's; these are the published off-policy ones where a run gives none (Stable-Baselines3,
@@ -42,6 +43,7 @@ def off_policy_algorithm(trainer, model, title: str, own_defaults: dict) -> Algo
         critic=False,  # the acting model has no value head: the critics are the trainer's
         batch=TRAJECTORIES,
         final_obs=True,  # n-step targets bootstrap a time limit from the episode's own last observation
+        demos=True,  # kept in a replay of their own, drawn at --demo_ratio
         model=model,
         check=check,
         title=title,
@@ -78,6 +80,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--init_temperature={options.init_temperature} must be positive")
     if min(options.exploration_noise, options.target_noise, options.target_noise_clip) < 0:
         raise ConfigError("--exploration_noise, --target_noise and --target_noise_clip must not be negative")
+    if not 0 <= options.demo_ratio < 1:
+        raise ConfigError(f"--demo_ratio={options.demo_ratio} must lie in [0, 1) (the share of demonstration samples)")
     if options.learning_starts < 0:
         raise ConfigError(f"--learning_starts={options.learning_starts} must not be negative")
 
@@ -90,6 +94,8 @@ def check(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
             f"({', '.join(images)}): use a vector observation mode (LIBERO: --libero_obs_mode=state), or --algo=ppo"
         )
     check_replay_fits(cfg.algorithm_options.replay_size, obs_spec, action_spec, psutil.virtual_memory().available)
+    if cfg.learner.demos:
+        check_demos_fit(read_run_demos(cfg), cfg, obs_spec, action_spec)
 
 
 def describe(cfg: Config) -> str:
@@ -99,6 +105,8 @@ def describe(cfg: Config) -> str:
         words += f" (target: min of {options.critic_subset})"
     if options.n_step > 1:
         words += f", {options.n_step}-step returns"
+    if cfg.learner.demos and options.demo_ratio > 0:
+        words += f", demonstrations {options.demo_ratio:.0%} of each minibatch"
     return words
 
 

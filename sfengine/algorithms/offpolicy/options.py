@@ -45,6 +45,11 @@ class OffPolicyOptions:
     )
     target_noise: float = option(0.2, "td3: std of the noise on the target action (target policy smoothing)")
     target_noise_clip: float = option(0.5, "td3: the target action's noise is clipped to [-this, this]")
+    demo_ratio: float = option(
+        0.5,
+        "with --demos: the share of each minibatch drawn from the demonstrations, the rest from the online replay "
+        "(0.5: RLPD's symmetric sampling)",
+    )
     save_replay: bool = option(
         False,
         "keep the replay in each checkpoint (its size in memory again on disk), so a resumed run goes on with it; "

@@ -16,12 +16,14 @@ shorter. ``replay_size`` counts env steps; the ring holds ``replay_size // T`` r
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from sfengine.config import ConfigError
+from sfengine.demos.dataset import DemoSet
 from sfengine.engine.buffers import TrajectoryBuffers
 from sfengine.env.spaces import ActionSpec, ObsSpec
 
@@ -82,6 +84,7 @@ class Replay:
         self.size = 0  # rows filled
         self.next_row = 0
         self.inserted_steps = 0
+        self.starts: Tensor | None = None  # flat indices of the steps a draw may start at (None: every stored one)
 
     @property
     def stored_steps(self) -> int:
@@ -106,7 +109,10 @@ class Replay:
 
     def sample_indices(self, count: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(row, t) of ``count`` stored steps, uniformly with replacement."""
-        flat = torch.randint(0, self.stored_steps, (count,), generator=generator)
+        if self.starts is None:
+            flat = torch.randint(0, self.stored_steps, (count,), generator=generator)
+        else:
+            flat = self.starts[torch.randint(0, len(self.starts), (count,), generator=generator)]
         return flat // self.horizon, flat % self.horizon
 
     def sample(self, count: int, n: int, gamma: float, generator: torch.Generator | None = None) -> NStep:
@@ -145,6 +151,39 @@ class Replay:
             discounts=discounts,
             steps=taken,
         )
+
+    @classmethod
+    def of_demos(
+        cls, demo_set: DemoSet, obs_spec: ObsSpec, action_spec: ActionSpec, reward: Callable[[Tensor], Tensor]
+    ) -> Replay:
+        """A replay that holds ``demo_set``, one demonstration a row, never overwritten. A successful demonstration
+        (``dones`` 1 at its last step) terminates there; any other ends one step early, truncated, and bootstraps
+        from its last observation, the one after that step's action. Draws start only at those steps.
+        ``reward``: the learner's view of the demonstrations' rewards (scaled, clipped), as of the online ones."""
+        demos = demo_set.demos
+        replay = cls(
+            len(demos) * max(len(demo) for demo in demos), max(len(demo) for demo in demos), obs_spec, action_spec
+        )
+        starts = []
+        for row, demo in enumerate(demos):
+            success = bool(demo.dones[-1])
+            steps = len(demo) if success else len(demo) - 1
+            for key in replay.obs:
+                observed = torch.as_tensor(demo.obs[key])
+                replay.obs[key][row, : len(demo)] = observed
+                if not success and steps > 0:
+                    replay.final_obs[key][row, steps - 1] = observed[-1]
+            replay.actions[row, : len(demo)] = torch.as_tensor(demo.actions).reshape(len(demo), *action_spec.shape)
+            replay.rewards[row, :steps] = reward(torch.as_tensor(demo.rewards[:steps]).float())
+            if steps > 0:
+                (replay.terminated if success else replay.truncated)[row, steps - 1] = True
+            starts.append(row * replay.horizon + torch.arange(steps))
+        replay.starts = torch.cat(starts)
+        if len(replay.starts) == 0:
+            raise ConfigError("--demos: no demonstration has a step to learn from (each is one step long and failed)")
+        replay.size = len(demos)
+        replay.inserted_steps = len(replay.starts)
+        return replay
 
     def state_dict(self) -> dict:
         """The whole ring, for ``--save_replay``."""

@@ -20,6 +20,7 @@ from torch import Tensor
 from sfengine.algorithms.offpolicy.critics import CriticEnsemble, soft_update_
 from sfengine.algorithms.offpolicy.replay import NStep, Replay
 from sfengine.config import Config
+from sfengine.demos.fit import read_run_demos
 from sfengine.engine.buffers import TrajectoryBuffers
 from sfengine.engine.distributed import LearnerGroup
 from sfengine.learning.trainer import Trainer
@@ -44,6 +45,12 @@ class OffPolicyTrainer(Trainer):
         self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=options.critic_learning_rate)
         self.gamma = cfg.learner.gamma
         self.replay = Replay(options.replay_size, cfg.sampler.rollout, model.obs_spec, model.action_spec)
+        # --demos: a replay of their own, never overwritten; --demo_ratio of each minibatch comes from it.
+        self.demos = None
+        self.demo_samples = 0
+        if cfg.learner.demos and options.demo_ratio > 0:
+            self.demos = Replay.of_demos(read_run_demos(cfg), model.obs_spec, model.action_spec, self.learner_rewards)
+            self.demo_samples = round(options.demo_ratio * cfg.learner.batch_size)
         # The replay's draws and the target subsets: a stream of this rank's own, kept in checkpoints.
         self.generator = torch.Generator().manual_seed(cfg.env.seed * 7919 + 17 + self.group.ranks.rank)
         self.owed = 0.0  # gradient steps owed, carried over between batches
@@ -74,17 +81,19 @@ class OffPolicyTrainer(Trainer):
     # ---------------------------------------------------------------- one round: a batch of new data
 
     def train(self, batch: TrajectoryBuffers, learner_version: int, env_steps: int) -> dict[str, float]:
-        lrn = self.cfg.learner
-        rewards = batch.rewards[:, :-1] * lrn.reward_scale
-        if lrn.reward_clip > 0:
-            rewards = rewards.clamp(-lrn.reward_clip, lrn.reward_clip)
-        self.replay.insert(batch, rewards)
+        if self.demos is not None and self.env_steps_seen == 0:
+            # The demonstrations' observations count in the input statistics from the start (once: not on resume).
+            rows, t = self.demos.starts // self.demos.horizon, self.demos.starts % self.demos.horizon
+            self.model.update_normalizers({key: obs[rows, t] for key, obs in self.demos.obs.items()}, self.group.sum)
+        self.replay.insert(batch, self.learner_rewards(batch.rewards[:, :-1]))
         new_steps = batch.sampled_env_steps()
         self.env_steps_seen += new_steps
         self.model.update_normalizers(
             {key: obs[:, :-1].flatten(0, 1) for key, obs in batch.obs.items()}, self.group.sum
         )
         stats = {"replay_fill": self.replay.size / self.replay.capacity}
+        if self.demos is not None:
+            stats["demo_share"] = self.demo_samples / self.cfg.learner.batch_size
         if self.replay.inserted_steps < self.options.learning_starts:
             return stats | {"gradient_steps": 0.0}
         if self.learning_from < 0:
@@ -104,6 +113,13 @@ class OffPolicyTrainer(Trainer):
         achieved = self.critic_steps / max(1, self.env_steps_seen - self.learning_from)
         return stats | self.round_stats() | {"gradient_steps": float(steps), "replay_ratio_achieved": achieved}
 
+    def learner_rewards(self, rewards: Tensor) -> Tensor:
+        """Rewards as the learner sees them: scaled by --reward_scale, clipped to --reward_clip."""
+        rewards = rewards * self.cfg.learner.reward_scale
+        if self.cfg.learner.reward_clip > 0:
+            rewards = rewards.clamp(-self.cfg.learner.reward_clip, self.cfg.learner.reward_clip)
+        return rewards
+
     def step(self) -> dict[str, float]:
         """One gradient step: the critics, every --actor_delay steps the actor, then the targets."""
         minibatch = self.sample()
@@ -120,7 +136,12 @@ class OffPolicyTrainer(Trainer):
         """What follows the actor's step (TD3: its target actor's update)."""
 
     def sample(self) -> NStep:
-        sampled = self.replay.sample(self.cfg.learner.batch_size, self.options.n_step, self.gamma, self.generator)
+        """A minibatch of --batch_size transitions: --demo_ratio of them from the demonstrations, first."""
+        online = self.cfg.learner.batch_size - self.demo_samples
+        n, gamma = self.options.n_step, self.gamma
+        sampled = self.replay.sample(online, n, gamma, self.generator)
+        if self.demos is not None:
+            sampled = concat(self.demos.sample(self.demo_samples, n, gamma, self.generator), sampled)
         if self.device.type == "cpu":
             return sampled
         return NStep(*(to_device(field, self.device) for field in sampled))
@@ -196,3 +217,13 @@ def to_device(field, device: torch.device):
     if isinstance(field, dict):
         return {key: value.to(device, non_blocking=True) for key, value in field.items()}
     return field.to(device, non_blocking=True)
+
+
+def concat(first: NStep, second: NStep) -> NStep:
+    """Two minibatches as one, ``first``'s transitions first."""
+    return NStep(
+        *(
+            {key: torch.cat([a[key], b[key]]) for key in a} if isinstance(a, dict) else torch.cat([a, b])
+            for a, b in zip(first, second)
+        )
+    )
