@@ -17,7 +17,13 @@ import torch
 
 from sfengine.algorithms import algorithm_for
 from sfengine.config import Config, ConfigError, check_group_layout, env_defaults_preset, parse_config, save_config
-from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, load_latest_checkpoint
+from sfengine.engine.checkpoint import (
+    CheckpointError,
+    find_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    load_latest_checkpoint,
+)
 from sfengine.engine.distributed import RankInfo
 from sfengine.engine.event_loop import configure_logging
 from sfengine.engine.sizing import Machine, resolve_auto_options
@@ -159,16 +165,7 @@ def load_init_from(cfg: Config, resuming: bool) -> tuple[Path, dict] | None:
             flush=True,
         )
         return None
-    path = Path(source)
-    if not path.is_file():
-        experiment_dir = path if path.is_dir() else Path(cfg.run.train_dir) / source
-        checkpoints = list_checkpoints(experiment_dir)
-        if not checkpoints:
-            raise CheckpointError(
-                f"--init_from={source}: no checkpoint file, and no experiment with checkpoints at {experiment_dir}; "
-                "give a checkpoint path, or an experiment name in --train_dir"
-            )
-        path = checkpoints[-1]
+    path = find_checkpoint(source, cfg.run.train_dir, "--init_from")
     try:
         return path, load_checkpoint(path)
     except CheckpointError as exc:

@@ -60,6 +60,22 @@ def save_checkpoint(experiment_dir: Path, state: dict, keep: int) -> Path:
     return path
 
 
+def find_checkpoint(source: str, train_dir: str, option: str) -> Path:
+    """The checkpoint an option names (``--init_from``, ``--residual_over``): a checkpoint file, or the latest of an
+    experiment (a directory, or a name in ``train_dir``)."""
+    path = Path(source)
+    if path.is_file():
+        return path
+    experiment_dir = path if path.is_dir() else Path(train_dir) / source
+    checkpoints = list_checkpoints(experiment_dir)
+    if not checkpoints:
+        raise CheckpointError(
+            f"{option}={source}: no checkpoint file, and no experiment with checkpoints at {experiment_dir}; "
+            "give a checkpoint path, or an experiment name in --train_dir"
+        )
+    return checkpoints[-1]
+
+
 def load_checkpoint(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)

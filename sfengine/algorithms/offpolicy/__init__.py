@@ -9,6 +9,7 @@ import psutil
 from sfengine.algorithms import TRAJECTORIES, Algorithm
 from sfengine.algorithms.offpolicy.options import OffPolicyOptions
 from sfengine.algorithms.offpolicy.replay import check_replay_fits
+from sfengine.algorithms.offpolicy.residual import policy_factory
 from sfengine.config import Config, ConfigError
 from sfengine.demos.fit import check_demos_fit, read_run_demos
 from sfengine.env.spaces import ActionSpec, ObsSpec
@@ -26,9 +27,10 @@ OFF_POLICY_DEFAULTS = {
 }
 
 
-def off_policy_algorithm(trainer, model, title: str, own_defaults: dict) -> Algorithm:
-    """The spec of an off-policy algorithm: its trainer (an ``OffPolicyTrainer``), the policy it acts with, and the
-    defaults it sets beyond the shared ones where a run gives none."""
+def off_policy_algorithm(trainer, actor, residual, title: str, own_defaults: dict) -> Algorithm:
+    """The spec of an off-policy algorithm: its trainer (an ``OffPolicyTrainer``), the policy it acts with (its
+    ``actor`` class, or with --residual_over its ``residual`` class over the frozen base), and the defaults it sets
+    beyond the shared ones where a run gives none."""
 
     def defaults(cfg: Config, given: set[str]) -> None:
         for name, value in {**OFF_POLICY_DEFAULTS, **own_defaults}.items():
@@ -44,7 +46,7 @@ def off_policy_algorithm(trainer, model, title: str, own_defaults: dict) -> Algo
         batch=TRAJECTORIES,
         final_obs=True,  # n-step targets bootstrap a time limit from the episode's own last observation
         demos=True,  # kept in a replay of their own, drawn at --demo_ratio
-        model=model,
+        model=policy_factory(actor, residual),
         check=check,
         title=title,
         describe=describe,
@@ -82,6 +84,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--exploration_noise, --target_noise and --target_noise_clip must not be negative")
     if not 0 <= options.demo_ratio < 1:
         raise ConfigError(f"--demo_ratio={options.demo_ratio} must lie in [0, 1) (the share of demonstration samples)")
+    if options.residual_scale <= 0 or options.residual_scale > 2:
+        raise ConfigError(f"--residual_scale={options.residual_scale} must lie in (0, 2] (half-ranges of the box)")
+    if min(options.critic_warmup_updates, options.residual_penalty, options.bc_weight) < 0:
+        raise ConfigError("--critic_warmup_updates, --residual_penalty and --bc_weight must not be negative")
+    if options.bc_weight > 0 and not cfg.learner.demos:
+        raise ConfigError("--bc_weight pulls the actor toward the demonstrations: give them with --demos=FILE")
     if options.learning_starts < 0:
         raise ConfigError(f"--learning_starts={options.learning_starts} must not be negative")
 
@@ -107,6 +115,8 @@ def describe(cfg: Config) -> str:
         words += f", {options.n_step}-step returns"
     if cfg.learner.demos and options.demo_ratio > 0:
         words += f", demonstrations {options.demo_ratio:.0%} of each minibatch"
+    if options.residual_over:
+        words += f"; a correction of at most {options.residual_scale:g} over {options.residual_over} (frozen)"
     return words
 
 

@@ -50,6 +50,32 @@ class OffPolicyOptions:
         "with --demos: the share of each minibatch drawn from the demonstrations, the rest from the online replay "
         "(0.5: RLPD's symmetric sampling)",
     )
+    residual_over: str = option(
+        "",
+        "learn a bounded correction on top of this frozen policy: a checkpoint of sfengine.pretrain or of a "
+        "training run (a file, or an experiment's latest), or a registered model; the base acts, the actor adds "
+        "--residual_scale at most, starting at 0",
+    )
+    residual_scale: float = option(
+        0.1, "the correction's bound, in half-ranges of the env's action box, in every dimension"
+    )
+    residual_base_action: str = option(
+        "sample",
+        "the base's action under the correction: sample (its distribution, as it was evaluated at its best: a "
+        "Gaussian clone's sampled actions succeeded more often than its mean) or mode",
+        ("sample", "mode"),
+    )
+    critic_warmup_updates: int = option(
+        0, "gradient steps of the critics alone before the actor's first (a critic of the base first, then the actor)"
+    )
+    residual_penalty: float = option(
+        0.0, "actor loss: this x the mean squared correction, in units of its bound (keeps it small where Q is flat)"
+    )
+    bc_weight: float = option(
+        0.0,
+        "with --demos, actor loss: this x mean|Q| x the squared distance of the actor's action from the "
+        "demonstrated one on the minibatch's demonstrations (TD3+BC's term; its alpha of 2.5 is 0.4 here)",
+    )
     save_replay: bool = option(
         False,
         "keep the replay in each checkpoint (its size in memory again on disk), so a resumed run goes on with it; "

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from sfengine.algorithms.offpolicy.critics import CriticEnsemble, soft_update_
 from sfengine.algorithms.offpolicy.replay import NStep, Replay
+from sfengine.algorithms.offpolicy.residual import base_identity
 from sfengine.config import Config
 from sfengine.demos.fit import read_run_demos
 from sfengine.engine.buffers import TrajectoryBuffers
@@ -26,7 +27,7 @@ from sfengine.engine.distributed import LearnerGroup
 from sfengine.learning.trainer import Trainer
 from sfengine.models.actor_critic import ActorCritic
 
-ACTOR_STATS = ("actor_loss", "entropy", "grad_norm")
+ACTOR_STATS = ("actor_loss", "entropy", "grad_norm", "residual_size", "residual_to_base", "bc_distance")
 
 
 class OffPolicyTrainer(Trainer):
@@ -36,7 +37,7 @@ class OffPolicyTrainer(Trainer):
         self.device = next(model.parameters()).device
         self.critics = CriticEnsemble(
             options.num_critics,
-            model.vector_dim + model.action_spec.dim,
+            model.critic_feature_dim + model.action_spec.dim,
             options.critic_hidden_sizes,
             options.critic_layer_norm,
         ).to(self.device)
@@ -125,7 +126,8 @@ class OffPolicyTrainer(Trainer):
         minibatch = self.sample()
         stats = self.critic_step(minibatch)
         self.critic_steps += 1
-        if self.critic_steps % self.options.actor_delay == 0:
+        warm = self.critic_steps > self.options.critic_warmup_updates
+        if warm and self.critic_steps % self.options.actor_delay == 0:
             self.set_learning_rate(self.env_steps_seen)
             stats |= self.actor_step(minibatch) | {"actor_steps": 1.0}
             self.after_actor_step()
@@ -148,12 +150,12 @@ class OffPolicyTrainer(Trainer):
 
     def features(self, obs: dict[str, Tensor]) -> Tensor:
         """What the critics read of an observation: the model's normalised vector input."""
-        return self.model._inputs(obs)[self.model.vector_name]
+        return self.model.critic_features(obs)
 
     def critic_step(self, b: NStep) -> dict[str, float]:
         with torch.no_grad():
             target = b.returns + b.discounts * self.target_value(b.next_obs, self.features(b.next_obs))
-        q = self.critics(self.features(b.obs), self.model.to_unit(b.actions))
+        q = self.critics(self.features(b.obs), self.model.unit_actions(b.actions))
         td = q - target
         loss = td.pow(2).mean(1).sum()  # each member's own mean squared error
         self.critic_optimizer.zero_grad(set_to_none=True)
@@ -173,11 +175,31 @@ class OffPolicyTrainer(Trainer):
             "critic_nonfinite_fraction": float(not finite),
         }
 
+    def actor_terms(self, b: NStep, params: Tensor, actions: Tensor, q: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """What the actor's loss adds to the critics' verdict on ``actions`` (computed from ``params``, with
+        gradients): --residual_penalty on a residual policy's correction, --bc_weight's pull toward the
+        minibatch's demonstrations (its first rows); and their statistics."""
+        extra, stats = q.new_zeros(()), {}
+        if hasattr(self.model, "residual_fraction"):
+            fraction = self.model.residual_fraction(params, actions)  # [N, dim], of the correction's bound
+            base = self.model.unit_actions(self.model.split(params)[1])
+            correction = self.model.unit_actions(actions) - base
+            stats["residual_size"] = float(fraction.detach().mean())
+            stats["residual_to_base"] = float(correction.detach().norm(dim=-1).mean() / base.norm(dim=-1).mean())
+            if self.options.residual_penalty > 0:
+                extra = extra + self.options.residual_penalty * fraction.pow(2).sum(-1).mean()
+        if self.options.bc_weight > 0 and self.demo_samples:
+            k = self.demo_samples
+            gap = (self.model.unit_actions(actions[:k]) - self.model.unit_actions(b.actions[:k])).pow(2).sum(-1).mean()
+            extra = extra + self.options.bc_weight * q.detach().abs().mean() * gap
+            stats["bc_distance"] = float(gap.detach())
+        return extra, stats
+
     def actor_q(self, obs: dict[str, Tensor], actions: Tensor) -> Tensor:
         """The ensemble's mean Q of the actor's actions, with gradients to the actions only."""
         self.critics.requires_grad_(False)
         try:
-            return self.critics(self.features(obs).detach(), self.model.to_unit(actions)).mean(0)
+            return self.critics(self.features(obs).detach(), self.model.unit_actions(actions)).mean(0)
         finally:
             self.critics.requires_grad_(True)
 
@@ -193,6 +215,7 @@ class OffPolicyTrainer(Trainer):
             "env_steps_seen": self.env_steps_seen,
             "learning_from": self.learning_from,
             "generator": self.generator.get_state(),
+            "residual_over": base_identity(self.model),  # the base's weights are the model's own ``base.*``
             **self.extra_state(),
         }
         if self.options.save_replay:

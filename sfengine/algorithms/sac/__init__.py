@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from sfengine.algorithms import register_algorithm
 from sfengine.algorithms.offpolicy import off_policy_algorithm
-from sfengine.algorithms.sac.actor import SquashedGaussianActor
+from sfengine.algorithms.sac.actor import ResidualSAC, SquashedGaussianActor
 from sfengine.algorithms.sac.trainer import SACTrainer
 
 register_algorithm(
     "sac",
-    off_policy_algorithm(SACTrainer, SquashedGaussianActor.build, "SAC", {"continuous_log_std": "state_dependent"}),
+    off_policy_algorithm(
+        SACTrainer, SquashedGaussianActor, ResidualSAC, "SAC", {"continuous_log_std": "state_dependent"}
+    ),
 )

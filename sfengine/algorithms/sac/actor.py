@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sfengine.algorithms.offpolicy.residual import ResidualPolicy
 from sfengine.config import Config, ConfigError
 from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.actor_critic import ActorCritic
@@ -49,8 +50,21 @@ class SquashedGaussianActor(ActorCritic):
         return cls(obs_spec, action_spec, cfg.model)
 
     def to_unit(self, actions: Tensor) -> Tensor:
-        """Actions in the env's box -> [-1, 1] (what the critics read)."""
+        """Actions in the policy's box -> [-1, 1]."""
         return (actions - self.action_center) / self.action_half_range
+
+    # What the critics read: the env's actions in [-1, 1] and the observation's normalised vector input. (A
+    # residual policy's own box is its correction's, and its observation features are its frozen base's.)
+
+    def unit_actions(self, actions: Tensor) -> Tensor:
+        return self.to_unit(actions)
+
+    def critic_features(self, obs: dict[str, Tensor]) -> Tensor:
+        return self._inputs(obs)[self.vector_name]
+
+    @property
+    def critic_feature_dim(self) -> int:
+        return self.vector_dim
 
     def _squash(self, u: Tensor) -> tuple[Tensor, Tensor]:
         """The action for pre-squash ``u`` and the log-density correction to subtract."""
@@ -74,3 +88,30 @@ class SquashedGaussianActor(ActorCritic):
         u = torch.atanh(self.to_unit(actions).clamp(-1 + EDGE, 1 - EDGE))
         _, correction = self._squash(u)
         return gaussian_log_prob((u - mean) / log_std.exp(), log_std) - correction, gaussian_entropy(log_std)
+
+
+class ResidualSAC(ResidualPolicy, SquashedGaussianActor):
+    """A squashed-Gaussian correction (``--algo=sac``); its log-density is the correction's."""
+
+    def __init__(self, obs_spec, action_spec, cfg, base, scale, base_action):
+        SquashedGaussianActor.__init__(self, obs_spec, self.residual_spec(action_spec, scale), cfg)
+        self._init_residual(obs_spec, action_spec, cfg, base, scale, base_action)
+
+    @classmethod
+    def over(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, base: ActorCritic) -> ResidualSAC:
+        options = cfg.algorithm_options
+        return cls(obs_spec, action_spec, cfg.model, base, options.residual_scale, options.residual_base_action)
+
+    def sample(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        own, base = self.split(params)
+        residual, log_probs = SquashedGaussianActor.sample(self, own)
+        return self.inside_box(base + residual), log_probs
+
+    def mode(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        own, base = self.split(params)
+        residual, log_probs = SquashedGaussianActor.mode(self, own)
+        return self.inside_box(base + residual), log_probs
+
+    def log_prob_entropy(self, params: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        own, base = self.split(params)
+        return SquashedGaussianActor.log_prob_entropy(self, own, actions - base)

@@ -33,7 +33,7 @@ class SACTrainer(OffPolicyTrainer):
 
     def target_value(self, next_obs: dict[str, Tensor], next_features: Tensor) -> Tensor:
         next_actions, next_log_probs = self.model.sample(self.model.policy_params(next_obs))
-        next_q = self.target_critics(next_features, self.model.to_unit(next_actions))
+        next_q = self.target_critics(next_features, self.model.unit_actions(next_actions))
         return subset_min(next_q, self.options.critic_subset, self.generator) - self.alpha * next_log_probs
 
     @property
@@ -41,8 +41,11 @@ class SACTrainer(OffPolicyTrainer):
         return self.log_alpha.detach().exp()
 
     def actor_step(self, b: NStep) -> dict[str, float]:
-        actions, log_probs = self.model.sample(self.model.policy_params(b.obs))
-        loss = (self.alpha * log_probs - self.actor_q(b.obs, actions)).mean()
+        params = self.model.policy_params(b.obs)
+        actions, log_probs = self.model.sample(params)
+        q = self.actor_q(b.obs, actions)
+        extra, stats = self.actor_terms(b, params, actions, q)
+        loss = (self.alpha * log_probs - q).mean() + extra
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = self.apply_gradients()
@@ -53,7 +56,7 @@ class SACTrainer(OffPolicyTrainer):
             if self.group.distributed:
                 self.log_alpha.grad.copy_(self.group.sum(self.log_alpha.grad.clone()) / self.group.ranks.world_size)
             self.alpha_optimizer.step()
-        return {
+        return stats | {
             "actor_loss": float(loss.detach()),
             "entropy": float(-log_probs.detach().mean()),
             "grad_norm": grad_norm,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from sfengine.algorithms import register_algorithm
 from sfengine.algorithms.offpolicy import off_policy_algorithm
-from sfengine.algorithms.td3.actor import DeterministicActor
+from sfengine.algorithms.td3.actor import DeterministicActor, ResidualTD3
 from sfengine.algorithms.td3.trainer import TD3Trainer
 
 # The TD3 paper's policy delay: the actor and its target move every second critic step.
-register_algorithm("td3", off_policy_algorithm(TD3Trainer, DeterministicActor.build, "TD3", {"actor_delay": 2}))
+register_algorithm("td3", off_policy_algorithm(TD3Trainer, DeterministicActor, ResidualTD3, "TD3", {"actor_delay": 2}))

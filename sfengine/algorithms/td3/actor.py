@@ -7,9 +7,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sfengine.algorithms.offpolicy.residual import ResidualPolicy
 from sfengine.algorithms.sac.actor import SquashedGaussianActor
 from sfengine.config import Config
 from sfengine.env.spaces import ActionSpec, ObsSpec
+from sfengine.models.actor_critic import ActorCritic
 
 
 class DeterministicActor(SquashedGaussianActor):
@@ -42,3 +44,27 @@ class DeterministicActor(SquashedGaussianActor):
     def mode(self, params: Tensor) -> tuple[Tensor, Tensor]:
         actions = self.action(params)
         return actions, actions.new_zeros(actions.shape[0])
+
+
+class ResidualTD3(ResidualPolicy, DeterministicActor):
+    """A deterministic correction (``--algo=td3``), acted and smoothed with noise in half-ranges of its own bound."""
+
+    def __init__(self, obs_spec, action_spec, cfg, base, scale, base_action, exploration_noise):
+        DeterministicActor.__init__(self, obs_spec, self.residual_spec(action_spec, scale), cfg, exploration_noise)
+        self._init_residual(obs_spec, action_spec, cfg, base, scale, base_action)
+
+    @classmethod
+    def over(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, base: ActorCritic) -> ResidualTD3:
+        options = cfg.algorithm_options
+        args = (options.residual_scale, options.residual_base_action, options.exploration_noise)
+        return cls(obs_spec, action_spec, cfg.model, base, *args)
+
+    def action(self, params: Tensor) -> Tensor:
+        own, base = self.split(params)
+        return self.inside_box(base + DeterministicActor.action(self, own))
+
+    def noisy(self, actions: Tensor, std: float, clip: float | None = None) -> Tensor:
+        noise = torch.randn_like(actions) * std
+        if clip is not None:
+            noise = noise.clamp(-clip, clip)
+        return self.inside_box(actions + noise * self.action_half_range)

@@ -29,15 +29,18 @@ class TD3Trainer(OffPolicyTrainer):
         options = self.options
         target_actions = self.target_actor.action(self.target_actor.policy_params(next_obs))
         smoothed = self.target_actor.noisy(target_actions, options.target_noise, options.target_noise_clip)
-        next_q = self.target_critics(next_features, self.model.to_unit(smoothed))
+        next_q = self.target_critics(next_features, self.model.unit_actions(smoothed))
         return subset_min(next_q, options.critic_subset, self.generator)
 
     def actor_step(self, b: NStep) -> dict[str, float]:
-        actions = self.model.action(self.model.policy_params(b.obs))
-        loss = -self.actor_q(b.obs, actions).mean()
+        params = self.model.policy_params(b.obs)
+        actions = self.model.action(params)
+        q = self.actor_q(b.obs, actions)
+        extra, stats = self.actor_terms(b, params, actions, q)
+        loss = -q.mean() + extra
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        return {"actor_loss": float(loss.detach()), "grad_norm": self.apply_gradients()}
+        return stats | {"actor_loss": float(loss.detach()), "grad_norm": self.apply_gradients()}
 
     def after_actor_step(self) -> None:
         soft_update_(self.target_actor, self.model, self.options.tau)

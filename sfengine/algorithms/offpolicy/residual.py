@@ -1,0 +1,167 @@
+"""Residual policies over a frozen base (``--residual_over=NAME|PATH``): the base acts, the learned actor adds a
+bounded correction.
+
+    base     a = base(s)              frozen: a checkpoint of sfengine.pretrain or of a training run, or a registered
+                                      model; --residual_base_action: its sampled action or its mode
+    actor    r = actor(s, unit(a))    within +-(--residual_scale) half-ranges of the env's box in every dimension;
+                                      its last layer starts at zero, so the first actions are the base's
+    acts     clip(a + r) to the env's box
+
+The policy is one module (the base is a frozen submodule), so the inference workers run base and correction
+together, every checkpoint holds both, and ``sfengine.evaluate`` evaluates the pair. The actor and the critics
+read the observation as the base normalises it (its frozen input statistics); the critics judge the action taken,
+``a + r``. A policy's params carry the base's action beside the actor's own outputs: ``[actor params, a]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from sfengine.config import Config, ConfigError
+from sfengine.engine.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+from sfengine.env.spaces import ActionSpec, ObsSpec
+from sfengine.models.actor_critic import ACTIVATIONS, MODELS, ActorCritic, mlp
+
+
+def load_base(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> ActorCritic:
+    """The frozen base ``--residual_over`` names, built for this env's spaces: a registered model (its factory
+    brings its weights), or the policy of a checkpoint (a file, or the latest of an experiment) built as its run's
+    config.json says. A policy that does not fit the env is a ConfigError."""
+    source = cfg.algorithm_options.residual_over
+    if source in MODELS:
+        base = MODELS[source](cfg, obs_spec, action_spec)
+        where = f"registered model {source!r}"
+    else:
+        from sfengine.config.files import load_saved_config
+        from sfengine.config.parsing import _layered
+
+        try:
+            path = find_checkpoint(source, cfg.run.train_dir, "--residual_over")
+            state = load_checkpoint(path)
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from None
+        saved = path.parent.parent / "config.json"
+        if not saved.is_file():
+            raise ConfigError(
+                f"--residual_over={source}: {path} has no config.json two folders up (its run's), which says how "
+                "its policy is built; give a checkpoint inside its run's checkpoints/ folder"
+            )
+        base_cfg = _layered([(load_saved_config(saved), str(saved))])
+        trained_on = json.loads(saved.read_text()).get("env", {}).get("env", "?")
+        try:
+            base = ActorCritic.for_config(base_cfg, obs_spec, action_spec)
+            base.load_state_dict(state["model"])
+        except (RuntimeError, ConfigError, KeyError) as exc:
+            first = str(exc).splitlines()[0]
+            raise ConfigError(
+                f"--residual_over={source}: its policy (trained on --env={trained_on}) does not fit env "
+                f"'{cfg.env.env}' ({first[:200]}); give a base trained on this env and its observations"
+            ) from None
+        where = str(path)
+    if base.action_spec.dim != action_spec.dim:
+        raise ConfigError(
+            f"--residual_over={source}: the base acts {base.action_spec.dim} values a step, the env takes "
+            f"{action_spec.dim}; give a base of this env without --action_chunk"
+        )
+    base.source = where
+    return base.requires_grad_(False).eval()
+
+
+class ResidualPolicy:
+    """What a residual actor adds to its actor class (SAC's ``ResidualSAC``, TD3's ``ResidualTD3``): the base, the
+    correction's box, and the actor's input (the base-normalised observation and the base's action). A subclass
+    builds itself in ``over(cfg, obs_spec, action_spec, base)``."""
+
+    @classmethod
+    def over(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, base: ActorCritic) -> ResidualPolicy:
+        raise NotImplementedError
+
+    def _init_residual(
+        self, obs_spec: ObsSpec, action_spec: ActionSpec, cfg, base: ActorCritic, scale: float, base_action: str
+    ) -> None:
+        low, high = torch.tensor(action_spec.low), torch.tensor(action_spec.high)
+        self.obs_spec, self.action_spec = obs_spec, action_spec  # the env's: what the engine and trainer read
+        self.base, self.scale, self.base_mode = base, scale, base_action == "mode"
+        self.register_buffer("env_center", (high + low) / 2)
+        self.register_buffer("env_half_range", (high - low) / 2)
+        # The actor reads the observation as the base normalises it, beside the base's action in [-1, 1].
+        self.normalizers = nn.ModuleDict()
+        dim = action_spec.dim
+        self.encoders[self.vector_name] = mlp([base.vector_dim + dim, *cfg.hidden_sizes], ACTIVATIONS[cfg.activation])
+        for module in self.encoders.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.orthogonal_(module.weight, gain=2**0.5)
+                nn.init.zeros_(module.bias)
+        with torch.no_grad():  # the correction's mean starts at exactly 0: the first actions are the base's
+            self.policy_head.weight[:dim] = 0.0
+            self.policy_head.bias[:dim] = 0.0
+
+    @staticmethod
+    def residual_spec(action_spec: ActionSpec, scale: float) -> ActionSpec:
+        half = [(h - lo) / 2 * scale for lo, h in zip(action_spec.low, action_spec.high, strict=True)]
+        return dataclasses.replace(action_spec, low=tuple(-x for x in half), high=tuple(half))
+
+    def base_actions(self, obs: dict[str, Tensor]) -> Tensor:
+        with torch.no_grad():
+            actions = self.base.act(obs, deterministic=self.base_mode).actions
+        return self.inside_box(actions)
+
+    def inside_box(self, actions: Tensor) -> Tensor:
+        return torch.maximum(
+            torch.minimum(actions, self.env_center + self.env_half_range), self.env_center - self.env_half_range
+        )
+
+    def policy_params(self, obs: dict[str, Tensor]) -> Tensor:
+        """``[the actor's params, the base's action]``."""
+        base = self.base_actions(obs)
+        features = self.encoders[self.vector_name](torch.cat([self.critic_features(obs), self.unit_actions(base)], -1))
+        return torch.cat([self._policy_params(features), base], -1)
+
+    def forward(self, obs: dict[str, Tensor], in_critic_units: bool = False) -> tuple[Tensor, Tensor]:
+        params = self.policy_params(obs)
+        return params, params.new_zeros(params.shape[0])
+
+    def split(self, params: Tensor) -> tuple[Tensor, Tensor]:
+        dim = self.action_spec.dim
+        return params[..., :-dim], params[..., -dim:]
+
+    def unit_actions(self, actions: Tensor) -> Tensor:
+        return (actions - self.env_center) / self.env_half_range
+
+    def critic_features(self, obs: dict[str, Tensor]) -> Tensor:
+        return self.base._inputs(obs)[self.base.vector_name]
+
+    @property
+    def critic_feature_dim(self) -> int:
+        return self.base.vector_dim
+
+    def update_normalizers(self, obs, sum_over_ranks=None, initial: bool = False) -> None:
+        """The base's input statistics are frozen with it."""
+
+    def residual_fraction(self, params: Tensor, actions: Tensor) -> Tensor:
+        """|a - base| per dimension as a fraction of the correction's bound, [N, dim]."""
+        return (actions - self.split(params)[1]).abs() / self.action_half_range
+
+
+def policy_factory(actor: type[ActorCritic], residual: type[ResidualPolicy]) -> Callable[..., ActorCritic]:
+    """An off-policy algorithm's model: its ``actor`` alone, or with ``--residual_over`` the frozen base under a
+    ``residual`` correction."""
+
+    def build(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> ActorCritic:
+        options = cfg.algorithm_options
+        if not options.residual_over:
+            return actor.build(cfg, obs_spec, action_spec)
+        return residual.over(cfg, obs_spec, action_spec, load_base(cfg, obs_spec, action_spec))
+
+    return build
+
+
+def base_identity(model: ActorCritic) -> str:
+    """Where a residual policy's base came from (a checkpoint path, a registered model), or ""."""
+    base = getattr(model, "base", None)
+    return getattr(base, "source", "") if base is not None else ""

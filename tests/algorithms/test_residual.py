@@ -1,0 +1,122 @@
+"""Residual policies over a frozen base (``--residual_over``): the first actions are exactly the base's, the
+correction stays within its bound and only the actor learns, a base that does not fit the env is a one-line error
+before anything starts, and TD3's correction of a weak clone of sparse_reach learns the task."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import read_summary, run_train, scripted_demos
+from sfengine.algorithms.offpolicy.residual import base_identity, load_base
+from sfengine.config import ConfigError, parse_config
+from sfengine.demos import write_demos
+from sfengine.env.spaces import ActionSpec, ObsSpec
+from sfengine.models.actor_critic import MODELS, ActorCritic
+
+OBS_SPEC = ObsSpec({"obs": (3,)}, {"obs": torch.float32})
+ACTION_SPEC = ActionSpec(discrete=False, dim=2, low=(-2.0, 0.0), high=(2.0, 1.0))
+
+
+@pytest.fixture
+def base_model():
+    """A registered model as the base: a Gaussian policy with weights of its own (seeded)."""
+
+    def factory(cfg, obs_spec, action_spec):
+        torch.manual_seed(123)
+        model = ActorCritic(obs_spec, action_spec, cfg.model, critic=False)
+        with torch.no_grad():
+            model.policy_head.weight.normal_()
+        return model
+
+    MODELS["test_base"] = factory
+    yield factory
+    del MODELS["test_base"]
+
+
+def residual(algo: str, base_action: str = "mode", scale: float = 0.1):
+    cfg = parse_config([f"--algo={algo}", "--env=Pendulum-v1", "--residual_over=test_base", "--hidden_sizes=16,16"])
+    cfg.set("residual_base_action", base_action)
+    cfg.set("residual_scale", scale)
+    from sfengine.algorithms import algorithm_for
+
+    return algorithm_for(cfg).model(cfg, OBS_SPEC, ACTION_SPEC), cfg
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_the_first_actions_are_exactly_the_bases_and_corrections_stay_within_their_bound(base_model, algo):
+    model, cfg = residual(algo)
+    base = load_base(cfg, OBS_SPEC, ACTION_SPEC)
+    obs = {"obs": torch.randn(64, 3) * 3}
+    with torch.inference_mode():
+        expected = base.act(obs, deterministic=True).actions
+        expected = torch.maximum(torch.minimum(expected, torch.tensor([2.0, 1.0])), torch.tensor([-2.0, 0.0]))
+        assert torch.equal(model.act(obs, deterministic=True).actions, expected)
+        # Sampled, the correction adds its noise within +-0.1 half-ranges (0.2 and 0.05 here) of the base's action.
+        sampled = model.act(obs).actions
+    gap = (sampled - expected).abs()
+    assert (gap <= torch.tensor([0.2, 0.05]) + 1e-6).all() and gap.max() > 0
+    # Only the correction learns: the base is frozen and in the checkpoint (the model's own base.* weights).
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and not any(name.startswith("base.") for name in trainable)
+    assert any(name.startswith("base.") for name in model.state_dict())
+    assert base_identity(model) == "registered model 'test_base'"
+
+
+def test_with_the_bases_sampled_action_the_policy_acts_as_the_base_samples(base_model):
+    model, cfg = residual("td3", base_action="sample")
+    base = load_base(cfg, OBS_SPEC, ACTION_SPEC)
+    obs = {"obs": torch.randn(64, 3)}
+    with torch.inference_mode():
+        torch.manual_seed(5)
+        expected = base.act(obs).actions
+        torch.manual_seed(5)
+        acted = model.act(obs, deterministic=True).actions  # the correction's mode over the base's sample
+    inside = torch.maximum(torch.minimum(expected, torch.tensor([2.0, 1.0])), torch.tensor([-2.0, 0.0]))
+    assert torch.equal(acted, inside)
+
+
+def test_residual_options_are_checked():
+    with pytest.raises(ConfigError, match="--residual_scale=0.0 must lie in"):
+        parse_config(["--algo=td3", "--residual_scale=0"])
+    with pytest.raises(ConfigError, match="--bc_weight pulls the actor toward the demonstrations"):
+        parse_config(["--algo=td3", "--bc_weight=0.4"])
+    with pytest.raises(ConfigError, match="residual_over"):
+        parse_config(["--algo=ppo", "--residual_over=x"])  # another algorithm's option
+
+
+@pytest.fixture
+def reach_clone(tmp_path, train_dir):
+    """A weak clone of sparse_reach: sfengine.pretrain for a few epochs on 10 noisy scripted demonstrations."""
+    demos = tmp_path / "reach.hdf5"
+    write_demos(demos, scripted_demos(10, noise=0.3))
+    command = [sys.executable, "-m", "sfengine.pretrain", f"--demos={demos}", f"--train_dir={train_dir}"]
+    result = subprocess.run([*command, "--experiment=clone", "--pretrain_epochs=20"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return demos
+
+
+def test_a_base_that_does_not_fit_the_env_is_a_one_line_error_before_anything_starts(reach_clone, train_dir):
+    for args, message in [
+        (["--env=Pendulum-v1", "--residual_over=clone"], "--residual_over=clone: its policy (trained on --env="),
+        (["--env=sparse_reach", "--residual_over=nothing"], "--residual_over=nothing: no checkpoint file"),
+    ]:
+        result = run_train(train_dir, "bad_base", "--algo=td3", *args, timeout=120)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("sfengine.train: error")]
+        assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+        assert not (train_dir / "bad_base").exists()
+
+
+@pytest.mark.slow
+def test_td3s_correction_of_a_weak_clone_learns_sparse_reach(reach_clone, train_dir):
+    # The clone succeeds in about 0.4 of its episodes (sampled); its corrected policy reaches 0.9 within 16k steps.
+    args = ["--env=sparse_reach", "--algo=td3", "--residual_over=clone", "--residual_scale=0.3"]
+    args += [f"--demos={reach_clone}", "--learning_starts=2000", "--critic_warmup_updates=500"]
+    args += ["--train_for_env_steps=16000", "--stop_at_success=0.9"]
+    result = run_train(train_dir, "residual", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_summary(train_dir, "residual")
+    assert summary["success_rate"] >= 0.9, summary
