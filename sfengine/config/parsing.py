@@ -105,6 +105,7 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
     ]
     cfg = _layered(layers)
     saved = cfg.experiment_dir / "config.json"
+    env_defaults = None
     if cfg.run.restart_behavior == "resume" and saved.is_file():
         # A resumed run keeps its saved settings; the preset and the command line still win.
         layers.insert(0, (load_saved_config(saved), str(saved)))
@@ -117,6 +118,8 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
             # Above the env's defaults, below --cfg and the command line: the network the weights were trained in.
             layers.insert(1 if env_defaults is not None else 0, inherited)
         given = layers
+    # An algorithm's own defaults outrank the env's (those are PPO's: --num_epochs=4 would stop --algo=sac).
+    chosen = [layer for layer in layers if env_defaults is None or layer[1] != str(env_defaults)]
     cfg = _layered(layers)
     table, own_groups = option_table(), cfg.own_groups()
     for overrides, source in given:
@@ -133,7 +136,7 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
 
     algorithm = algorithm_for(cfg)
     if algorithm.defaults is not None:
-        algorithm.defaults(cfg, {name for overrides, _ in layers for name in overrides})
+        algorithm.defaults(cfg, {name for overrides, _ in chosen for name in overrides})
     validate(cfg)
     return cfg
 
