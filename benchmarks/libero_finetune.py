@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -43,7 +44,10 @@ from sfengine.reporting.events import read_scalars
 RESULTS = Path(__file__).parent / "results" / "libero_finetune"
 SUCCESS_TAG = "episodes/success_rate"
 GROUP_SIZE = 8
-CLONES = {"ppo": "bc_gaussian", "rloo": "bc_gaussian", "flow_sar": "bc_flow"}
+CLONES = {"ppo": "bc_gaussian", "rloo": "bc_gaussian", "flow_sar": "bc_flow", "residual_td3": "bc_gaussian"}
+# Methods that learn a correction over the frozen clone (--residual_over) rather than fine-tuning its weights
+# (--init_from); they keep the demonstrations in their replay.
+RESIDUAL = {"residual_td3"}
 FLOW_OPTIONS = ["--policy_head=flow", "--algo=flow_sar", "--group_outcome=success"]
 # Fine-tuning steps stay small: a clone's action std is small (0.13 on LIBERO-Object), so a small change of its mean
 # is a large change of its probabilities. PPO at 1e-4 clipped 19-33% of its samples per batch after the critic's
@@ -64,6 +68,18 @@ METHOD_OPTIONS = {
         # mixed outcomes pushed the clone away from its failures more than toward its successes.
         "--group_loss_weighting=episode",
     ],
+    # TD3's correction of at most 0.1 half-ranges over the clone's sampled action (ResFiT's recipe on this
+    # engine's defaults: 2 LayerNorm critics, 3-step returns, half of each minibatch from the demonstrations), the
+    # critics alone for the first 2,000 gradient steps, half a gradient step per env step.
+    "residual_td3": [
+        "--algo=td3",
+        "--residual_scale=0.1",
+        "--n_step=3",
+        "--replay_ratio=0.5",
+        "--learning_starts=5000",
+        "--critic_warmup_updates=2000",
+        "--learning_rate=1e-4",
+    ],
     "flow_sar": [
         "--cfg=flow_sar",
         f"--task_group_size={GROUP_SIZE}",
@@ -71,7 +87,13 @@ METHOD_OPTIONS = {
         "--learning_rate=3e-5",
     ],
 }
-COLORS = {"clone": "tab:gray", "ppo": "tab:blue", "rloo": "tab:orange", "flow_sar": "tab:green"}
+COLORS = {
+    "clone": "tab:gray",
+    "ppo": "tab:blue",
+    "rloo": "tab:orange",
+    "flow_sar": "tab:green",
+    "residual_td3": "tab:red",
+}
 
 
 def run(command: list[str], log: Path) -> float:
@@ -91,16 +113,18 @@ def engine(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", f"sfengine.{module}", *args]
 
 
-def evaluate(args, train_dir: Path, experiment: str) -> dict:
-    """The latest checkpoint of ``experiment`` evaluated on the chosen pairs; its results.json."""
-    pattern = f"*{SAMPLED_SUFFIX}/results.json" if args.eval_mode == "sampled" else "checkpoint_*[0-9]/results.json"
+def evaluate(args, train_dir: Path, experiment: str, mode: str) -> dict:
+    """The latest checkpoint of ``experiment`` evaluated on the chosen pairs, ``--episodes_per_init`` episodes each,
+    with sampled actions or the policy's mode; its results.json (reused when it exists)."""
+    pattern = f"*{SAMPLED_SUFFIX}/results.json" if mode == "sampled" else "checkpoint_*[0-9]/results.json"
     out = train_dir / experiment / "eval"
     found = sorted(out.glob(pattern))
     if not found:
         command = engine("evaluate", f"--train_dir={train_dir}", f"--experiment={experiment}")
         command += [f"--eval_tasks={args.tasks}"] if args.tasks else []
-        command += [f"--eval_init_states={args.eval_init_states}", f"--eval_deterministic={args.eval_mode == 'mode'}"]
-        run(command, train_dir / f"{experiment}_eval.log")
+        command += [f"--eval_init_states={args.eval_init_states}", f"--eval_deterministic={mode == 'mode'}"]
+        command += [f"--episodes_per_init={args.episodes_per_init}"]
+        run(command, train_dir / f"{experiment}_eval_{mode}.log")
         found = sorted(out.glob(pattern))
     return json.loads(found[-1].read_text())
 
@@ -111,55 +135,103 @@ def fine_tune(args, train_dir: Path, method: str) -> dict:
     if not summary_path.is_file():
         flow = method == "flow_sar"
         command = engine("train", f"--train_dir={train_dir}", f"--experiment={experiment}", f"--env={args.env}")
-        command += [f"--init_from={CLONES[method]}", f"--train_for_env_steps={args.env_steps}", f"--seed={args.seed}"]
+        if method in RESIDUAL:
+            command += [f"--residual_over={CLONES[method]}", f"--demos={train_dir / 'demos.hdf5'}"]
+        else:
+            command += [f"--init_from={CLONES[method]}", *COMMON_OPTIONS]
+        command += [f"--train_for_env_steps={args.env_steps}", f"--seed={args.seed}"]
         command += [f"--tasks={args.tasks}"] if args.tasks else []
-        command += [*COMMON_OPTIONS, *METHOD_OPTIONS[method], *(FLOW_OPTIONS if flow else []), "--report_every_sec=30"]
+        command += [*METHOD_OPTIONS[method], *(FLOW_OPTIONS if flow else []), "--report_every_sec=30"]
         run([*command, *args.extra], train_dir / f"{experiment}.log")
     summary = json.loads(summary_path.read_text())
-    steps, values = curve(train_dir / experiment)
-    return {"summary": summary, "curve": {"env_steps": steps, "success": values}}
+    steps, values, seconds = curve(train_dir / experiment)
+    return {"summary": summary, "curve": {"env_steps": steps, "success": values, "wall_seconds": seconds}}
 
 
-def curve(experiment_dir: Path) -> tuple[list[int], list[float]]:
-    scalars = read_scalars(experiment_dir)
-    points = scalars.get(SUCCESS_TAG, [])
-    return [point.step for point in points], [point.value for point in points]
+def curve(experiment_dir: Path) -> tuple[list[int], list[float], list[float]]:
+    """Training success against env steps and against wall seconds since the run's first point."""
+    points = read_scalars(experiment_dir).get(SUCCESS_TAG, [])
+    start = points[0].wall_time if points else 0.0
+    return [p.step for p in points], [p.value for p in points], [round(p.wall_time - start, 1) for p in points]
+
+
+def mcnemar(before: dict, after: dict) -> dict:
+    """The paired (exact, two-sided) McNemar test of two evaluations on the same (task, init state) pairs: the
+    k-th episode of a pair after against the (k mod n)-th of the n episodes of that pair before."""
+    outcomes: dict[tuple[int, int], list[bool]] = {}
+    for episode in before["episodes"]:
+        outcomes.setdefault((episode["task_index"], episode["init_state"]), []).append(episode["success"])
+    seen: dict[tuple[int, int], int] = {}
+    gained = lost = 0
+    for episode in after["episodes"]:
+        key = (episode["task_index"], episode["init_state"])
+        k = seen[key] = seen.get(key, -1) + 1
+        was = outcomes[key][k % len(outcomes[key])]
+        gained += episode["success"] and not was
+        lost += was and not episode["success"]
+    n = gained + lost
+    tail = sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2**n if n else 1.0
+    return {"gained": gained, "lost": lost, "p_value": min(1.0, 2 * tail)}
 
 
 def per_task(results: dict) -> dict[str, float]:
     return {task["name"]: task["success_rate"] for task in results["tasks"]}
 
 
+def success(results: dict) -> float:
+    return results["overall"]["success_rate"]
+
+
+def last_scalar(experiment_dir: Path, tag: str) -> float | None:
+    points = read_scalars(experiment_dir).get(tag, [])
+    return points[-1].value if points else None
+
+
 def markdown(table: dict) -> str:
-    clone_rows = {name: table["clones"][name]["overall"] for name in table["clones"]}
     lines = [
         f"LIBERO fine-tuning on {table['env']} (tasks {table['tasks'] or 'all'}), {table['machine']}, {table['date']}",
-        f"demonstrations: {table['demos']}; each method fine-tuned for {table['env_steps']:,} env steps",
-        f"success: sfengine.evaluate with {table['eval_mode']} actions on "
+        f"demonstrations: {table['demos']}; each method trained for {table['env_steps']:,} env steps",
+        f"success: sfengine.evaluate, {table['episodes_per_init']} episode(s) of "
         + (
             "every init state of each task"
             if table["eval_init_states"] == "all"
             else f"the first {table['eval_init_states']} init states of each task"
-        ),
-        "",
-        "| policy | success before | success after | change | env steps | wall time (s) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, overall in clone_rows.items():
-        lines.append(f"| {name} (clone) | {overall['success_rate']:.3f} | | | 0 | |")
-    for method, row in table["methods"].items():
-        before, after = row["before"]["overall"]["success_rate"], row["after"]["overall"]["success_rate"]
-        lines.append(
-            f"| {method} from {CLONES[method]} | {before:.3f} | {after:.3f} | {100 * (after - before):+.1f} points "
-            f"| {row['summary']['env_steps']:,} | {row['summary']['wall_seconds']:.0f} |"
         )
-    lines += ["", "| task | " + " | ".join(["clone (Gaussian)", "clone (flow)", *table["methods"]]) + " |"]
-    lines.append("|---" * (3 + len(table["methods"])) + "|")
-    for task in per_task(table["clones"]["bc_gaussian"]):
-        cells = [per_task(table["clones"][c]).get(task, float("nan")) for c in ("bc_gaussian", "bc_flow")]
-        cells += [per_task(row["after"]).get(task, float("nan")) for row in table["methods"].values()]
-        lines.append(f"| {task} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+        + "; a clone both ways (sampled actions, mode), each method as it acts without exploration noise",
+        "",
+        "| clone | sampled | mode |",
+        "|---|---|---|",
+    ]
+    for name, both in table["clones"].items():
+        lines.append(f"| {name} | {ci(both['sampled'])} | {ci(both['mode'])} |")
+    lines += [
+        "",
+        "| method | clone's better | after | change | McNemar p (gained / lost) | env steps | wall (s) | env steps/s "
+        "| replay ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method, row in table["methods"].items():
+        before, after, test = success(row["before"]), success(row["after"]), row["mcnemar"]
+        ratio = row.get("replay_ratio_achieved")
+        lines.append(
+            f"| {method} over {CLONES[method]} | {before:.3f} ({row['before_mode']}) | {ci(row['after'])} "
+            f"| {100 * (after - before):+.1f} points | {test['p_value']:.2g} ({test['gained']} / {test['lost']}) "
+            f"| {row['summary']['env_steps']:,} | {row['summary']['wall_seconds']:.0f} | {row['summary']['fps']:.0f} "
+            f"| {'' if ratio is None else f'{ratio:.2f}'} |"
+        )
+    first = next(iter(table["methods"].values()), None)
+    if first is not None:
+        lines += ["", "| task | clone's better | " + " | ".join(table["methods"]) + " |"]
+        lines.append("|---" * (2 + len(table["methods"])) + "|")
+        for task, before in per_task(first["before"]).items():
+            cells = [before, *(per_task(row["after"]).get(task, float("nan")) for row in table["methods"].values())]
+            lines.append(f"| {task} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def ci(results: dict) -> str:
+    low, high = results["overall"]["success_ci95"]
+    return f"{success(results):.3f} [{low:.2f}, {high:.2f}] of {results['overall']['episodes']}"
 
 
 def plot(table: dict, path: Path) -> None:
@@ -170,17 +242,16 @@ def plot(table: dict, path: Path) -> None:
     import matplotlib.ticker
     import numpy as np
 
-    tasks = list(per_task(table["clones"]["bc_gaussian"]))
-    figure, (bars, curves) = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [2, 1]})
+    figure, (bars, by_steps, by_time) = plt.subplots(1, 3, figsize=(18, 5), gridspec_kw={"width_ratios": [2, 1, 1]})
     columns = [
-        ("clone", table["clones"]["bc_gaussian"], "Gaussian clone"),
-        ("clone", table["clones"]["bc_flow"], "flow clone"),
+        ("clone", both[best_mode(both)], f"{name} ({best_mode(both)})") for name, both in table["clones"].items()
     ]
     columns += [(m, row["after"], f"{m} after") for m, row in table["methods"].items()]
+    tasks = list(per_task(columns[0][1]))
     width = 0.8 / len(columns)
     for i, (key, results, label) in enumerate(columns):
-        values = [per_task(results).get(t, np.nan) for t in tasks] + [results["overall"]["success_rate"]]
-        hatch = "//" if label == "flow clone" else None
+        values = [per_task(results).get(t, np.nan) for t in tasks] + [success(results)]
+        hatch = "//" if "flow" in label else None
         bars.bar(np.arange(len(tasks) + 1) + i * width, values, width, label=label, color=COLORS[key], hatch=hatch)
     bars.set_xticks(np.arange(len(tasks) + 1) + 0.4 - width / 2)
     short = [t.replace("pick_up_the_", "").replace("_and_place_it_in_the_basket", "") for t in tasks]
@@ -189,14 +260,23 @@ def plot(table: dict, path: Path) -> None:
     bars.set_ylim(0, 1)
     bars.legend(fontsize=8)
     for method, row in table["methods"].items():
-        curves.plot(row["curve"]["env_steps"], row["curve"]["success"], label=method, color=COLORS[method])
-    curves.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda steps, _: f"{steps / 1000:.0f}k"))
-    curves.set_xlabel("env steps")
-    curves.set_ylabel("training success rate (sampled)")
-    curves.legend(fontsize=8)
+        by_steps.plot(row["curve"]["env_steps"], row["curve"]["success"], label=method, color=COLORS[method])
+        by_time.plot(np.array(row["curve"]["wall_seconds"]) / 60, row["curve"]["success"], color=COLORS[method])
+    by_steps.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda steps, _: f"{steps / 1000:.0f}k"))
+    by_steps.set_xlabel("env steps")
+    by_time.set_xlabel("wall time (minutes)")
+    for axes in (by_steps, by_time):
+        axes.set_ylabel("training success rate (as it acts)")
+        axes.set_ylim(0, 1)
+    by_steps.legend(fontsize=8)
     figure.suptitle(f"{table['env']} tasks {table['tasks'] or 'all'}: clones and RL fine-tuning ({table['machine']})")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
+
+
+def best_mode(both: dict) -> str:
+    """The clone's better evaluation: sampled or mode."""
+    return max(both, key=lambda mode: success(both[mode]))
 
 
 def main() -> None:
@@ -207,9 +287,12 @@ def main() -> None:
     parser.add_argument("--demo_action_noise", type=float, default=0.2)
     parser.add_argument("--pretrain_epochs", type=int, default=300)
     parser.add_argument("--eval_init_states", type=int, default=0, help="evaluate each task's first N (0: all)")
-    parser.add_argument("--eval_mode", default="sampled", choices=("sampled", "mode"))
-    parser.add_argument("--env_steps", type=int, default=200_000)
-    parser.add_argument("--methods", default="ppo,rloo,flow_sar")
+    parser.add_argument("--episodes_per_init", type=int, default=2, help="evaluation episodes of each pair")
+    parser.add_argument(
+        "--eval_mode", default="sampled", choices=("sampled", "mode"), help="how the fine-tuned PPO/RLOO/FlowSAR act"
+    )
+    parser.add_argument("--env_steps", type=int, default=300_000)
+    parser.add_argument("--methods", default="residual_td3,ppo,rloo,flow_sar")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--train_dir", default="train_dir/libero_finetune")
     parser.add_argument("--out", default=str(RESULTS))
@@ -221,6 +304,7 @@ def main() -> None:
     train_dir.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    chosen = args.methods.split(",")
 
     demos = train_dir / "demos.hdf5"
     if not demos.is_file():
@@ -228,19 +312,27 @@ def main() -> None:
         command += [f"--demo_action_noise={args.demo_action_noise}", f"--demos_output={demos}"]
         command += [f"--demo_tasks={args.tasks}"] if args.tasks else []
         run(command, train_dir / "demos.log")
+    clones = {}
     for clone, head in (("bc_gaussian", []), ("bc_flow", FLOW_OPTIONS)):
+        if not any(CLONES[method] == clone for method in chosen):
+            continue
         if not (train_dir / clone / "summary.json").is_file():
             command = engine("pretrain", f"--demos={demos}", f"--experiment={clone}", f"--train_dir={train_dir}")
             run(
                 [*command, f"--pretrain_epochs={args.pretrain_epochs}", f"--seed={args.seed}", *head],
                 train_dir / f"{clone}.log",
             )
-    clones = {clone: evaluate(args, train_dir, clone) for clone in ("bc_gaussian", "bc_flow")}
+        clones[clone] = {mode: evaluate(args, train_dir, clone, mode) for mode in ("sampled", "mode")}
     methods = {}
-    for method in args.methods.split(","):
+    for method in chosen:
         row = fine_tune(args, train_dir, method)
-        row["before"] = clones[CLONES[method]]
-        row["after"] = evaluate(args, train_dir, f"finetune_{method}")
+        both = clones[CLONES[method]]
+        row["before_mode"] = best_mode(both)
+        row["before"] = both[row["before_mode"]]
+        # A residual policy acts as the base's action plus its correction's mean; the others as --eval_mode.
+        row["after"] = evaluate(args, train_dir, f"finetune_{method}", "mode" if method in RESIDUAL else args.eval_mode)
+        row["mcnemar"] = mcnemar(row["before"], row["after"])
+        row["replay_ratio_achieved"] = last_scalar(train_dir / f"finetune_{method}", "train/replay_ratio_achieved")
         methods[method] = row
     demo_report = json.loads(demos.with_suffix(".json").read_text())
     table = {
@@ -251,6 +343,7 @@ def main() -> None:
         "demonstrator": demo_report,
         "env_steps": args.env_steps,
         "eval_init_states": args.eval_init_states or "all",
+        "episodes_per_init": args.episodes_per_init,
         "eval_mode": args.eval_mode,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, no GPU" if not shutil.which("nvidia-smi") else "GPU",
         "date": time.strftime("%Y-%m-%d"),

@@ -325,3 +325,26 @@ def test_each_gradient_step_moves_the_target_critics_by_tau_towards_the_critics(
         before, trainer.target_critics.parameters(), trainer.critics.parameters(), strict=True
     ):
         assert torch.allclose(target, 0.75 * old + 0.25 * critic, atol=1e-6)
+
+
+def test_the_actor_waits_for_the_critics_warm_up():
+    trainer = make_trainer("td3", critic_warmup_updates=40, actor_delay=1)
+    weights = lambda: {name: p.detach().clone() for name, p in trainer.model.named_parameters()}  # noqa: E731
+    before = weights()
+    assert "actor_loss" not in trainer.train(batch(0), 0, 0)  # 32 gradient steps: the critics' alone
+    assert all(torch.equal(before[name], value) for name, value in weights().items())
+    assert "actor_loss" in trainer.train(batch(1), 0, 0)  # steps 41-64 move the actor
+    assert any(not torch.equal(before[name], value) for name, value in weights().items())
+
+
+def test_the_actor_pays_for_its_distance_from_the_demonstrations_and_for_its_correction(tmp_path):
+    trainer = make_trainer("td3", demos=pendulum_demos(tmp_path / "demos.hdf5"), demo_ratio=0.25, bc_weight=0.4)
+    trainer.train(batch(0), 0, 0)
+    b = trainer.sample()
+    params = trainer.model.policy_params(b.obs)
+    actions = trainer.model.action(params)
+    q = torch.full((32,), -3.0)
+    extra, stats = trainer.actor_terms(b, params, actions, q)
+    unit = trainer.model.unit_actions
+    gap = (unit(actions[:8]) - unit(b.actions[:8])).pow(2).sum(-1).mean()  # the 8 demonstrations of the 32
+    assert float(extra) == pytest.approx(0.4 * 3.0 * float(gap)) and stats["bc_distance"] == pytest.approx(float(gap))

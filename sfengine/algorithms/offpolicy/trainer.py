@@ -182,7 +182,7 @@ class OffPolicyTrainer(Trainer):
         extra, stats = q.new_zeros(()), {}
         if hasattr(self.model, "residual_fraction"):
             fraction = self.model.residual_fraction(params, actions)  # [N, dim], of the correction's bound
-            base = self.model.unit_actions(self.model.split(params)[1])
+            base = self.model.unit_actions(self.model.split(params)[1]).detach()
             correction = self.model.unit_actions(actions) - base
             stats["residual_size"] = float(fraction.detach().mean())
             stats["residual_to_base"] = float(correction.detach().norm(dim=-1).mean() / base.norm(dim=-1).mean())
