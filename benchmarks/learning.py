@@ -3,12 +3,17 @@
     python -m benchmarks.learning                                   # HalfCheetah-v5 and Hopper-v5, 1M steps
     python -m benchmarks.learning --systems=sfengine --seeds=1,2,3  # sfengine's rows again; peers from their files
     python -m benchmarks.learning --systems=sfengine --device=cuda  # the learner on a GPU (rows "sfengine-cuda")
+    python -m benchmarks.learning --algo=sac --env_steps=300000      # SAC: results/learning_sac
 
 Systems (each with its own recommended settings for these envs):
 - ``sfengine``: the env's own preset where one ships (``--cfg=halfcheetah``, built on ``mujoco``), else
   ``--cfg=mujoco``; the whole engine: rollout workers, inference, learner.
 - ``sb3``: Stable-Baselines3 PPO with the RL Zoo's tuned hyperparameters (``benchmarks/peer_sb3.py``).
 - ``cleanrl``: CleanRL's ``ppo_continuous_action`` (``benchmarks/peer_cleanrl.py``).
+
+With ``--algo=sac``: sfengine's ``--algo=sac`` with its defaults (no preset), Stable-Baselines3's SAC with the RL
+Zoo's MuJoCo settings (``benchmarks/peer_sb3_sac.py``) and CleanRL's ``sac_continuous_action``
+(``benchmarks/peer_cleanrl_sac.py``); the bar on wall time is half the fastest peer's.
 
 Every run leaves ``<out>/<env>/<system>_seed<k>.json`` (``benchmarks/peer_record.py``). A peer's file is reused
 when it exists (``--rerun_peers`` to run it again): peers take 15-60 minutes a run on 2 cores. sfengine's rows are
@@ -32,6 +37,10 @@ from sfengine.plot import Series, plot_metrics
 from sfengine.reporting.events import read_scalars
 
 PEERS = {"sb3": "benchmarks.peer_sb3", "cleanrl": "benchmarks.peer_cleanrl"}
+SAC_PEERS = {"sb3": "benchmarks.peer_sb3_sac", "cleanrl": "benchmarks.peer_cleanrl_sac"}
+# The wall-time bar: sfengine's time at most this fraction of the fastest peer's (PPO: a fifth; SAC, whose
+# learner does one gradient step per env step in every system, half).
+TIME_BARS = {"ppo": 5, "sac": 2}
 # CleanRL's published ppo_continuous_action returns at 1M steps (3 seeds, MuJoCo v4): the issue's bar.
 CLEANRL_PUBLISHED = {"HalfCheetah-v5": (1442.6, 46.0), "Hopper-v5": (2382.9, 271.7)}
 RETURN_TAG = "episodes/episode_return_mean"
@@ -40,8 +49,8 @@ SFENGINE_PRESETS = {"HalfCheetah-v5": "halfcheetah"}
 COLORS = {"sfengine": "tab:blue", "sfengine-cuda": "tab:cyan", "sb3": "tab:orange", "cleanrl": "tab:green"}
 
 
-def run_peer(system: str, env: str, seed: int, env_steps: int, out: Path, threads: int) -> None:
-    command = [sys.executable, "-m", PEERS[system], f"--env={env}", f"--seed={seed}"]
+def run_peer(system: str, env: str, seed: int, env_steps: int, out: Path, threads: int, algo: str) -> None:
+    command = [sys.executable, "-m", (SAC_PEERS if algo == "sac" else PEERS)[system], f"--env={env}", f"--seed={seed}"]
     command += [f"--env_steps={env_steps}", f"--threads={threads}", f"--out={out}"]
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True)
@@ -53,7 +62,8 @@ def run_sfengine(env: str, seed: int, env_steps: int, out: Path, device: str, ex
     with tempfile.TemporaryDirectory(prefix="sfengine_learning_") as train_dir:
         experiment = f"{env}_seed{seed}"
         preset = SFENGINE_PRESETS.get(env, "mujoco")
-        command = [sys.executable, "-m", "sfengine.train", f"--cfg={preset}", f"--env={env}", f"--seed={seed}"]
+        command = [sys.executable, "-m", "sfengine.train", f"--env={env}", f"--seed={seed}"]
+        command += ["--algo=sac"] if "--algo=sac" in extra else [f"--cfg={preset}"]
         command += [f"--train_for_env_steps={env_steps}", f"--device={device}", f"--train_dir={train_dir}"]
         command += [f"--experiment={experiment}", "--report_every_sec=5", "--restart_behavior=overwrite", *extra]
         print(" ".join(command), flush=True)
@@ -77,7 +87,7 @@ def run_sfengine(env: str, seed: int, env_steps: int, out: Path, device: str, ex
     print(f"{system} {env} seed {seed}: return {record['final_return']:.1f} in {record['wall_sec']:.0f} s", flush=True)
 
 
-def aggregate(out_dir: Path, envs: list[str]) -> dict:
+def aggregate(out_dir: Path, envs: list[str], algo: str = "ppo") -> dict:
     """Per env and system: final return mean and std over seeds, wall time and FPS means, and the targets."""
     table: dict = {}
     for env in envs:
@@ -96,28 +106,29 @@ def aggregate(out_dir: Path, envs: list[str]) -> dict:
                 "fps_mean": statistics.fmean(r["fps"] for r in system_runs),
                 "env_steps": min(r["env_steps"] for r in system_runs),
             }
-        table[env] = {"rows": rows, "targets": targets(env, rows)}
+        table[env] = {"rows": rows, "targets": targets(env, rows, algo)}
     return table
 
 
-def targets(env: str, rows: dict[str, dict]) -> dict:
-    """The issue's bars for sfengine's CPU row: CleanRL's published return, the best peer measured here, and a
-    wall time at most a fifth of the fastest peer's."""
+def targets(env: str, rows: dict[str, dict], algo: str = "ppo") -> dict:
+    """The issue's bars for sfengine's CPU row: CleanRL's published return (PPO), the best peer measured here, and
+    a wall time at most a fifth (SAC: half) of the fastest peer's."""
     ours, peers = rows.get("sfengine"), {name: row for name, row in rows.items() if name in PEERS}
     if ours is None:
         return {}
     result = {}
-    if env in CLEANRL_PUBLISHED:
+    if env in CLEANRL_PUBLISHED and algo == "ppo":
         result["return_at_least_cleanrl_published"] = ours["return_mean"] >= CLEANRL_PUBLISHED[env][0]
     if peers:
         result["return_at_least_best_peer"] = ours["return_mean"] >= max(r["return_mean"] for r in peers.values())
         fastest = min(r["wall_sec_mean"] for r in peers.values())
         result["speedup_over_fastest_peer"] = round(fastest / ours["wall_sec_mean"], 2)
-        result["wall_time_at_most_a_fifth_of_fastest_peer"] = ours["wall_sec_mean"] * 5 <= fastest
+        bar = TIME_BARS[algo]
+        result[f"wall_time_at_most_1/{bar}_of_fastest_peer"] = ours["wall_sec_mean"] * bar <= fastest
     return result
 
 
-def markdown(table: dict) -> str:
+def markdown(table: dict, algo: str = "ppo") -> str:
     lines = [
         "| env | system | seeds | return (last 100 episodes), mean ± std | wall time s | FPS |",
         "|---|---|---|---|---|---|",
@@ -128,7 +139,7 @@ def markdown(table: dict) -> str:
                 f"| {env} | {system} | {len(row['seeds'])} | {row['return_mean']:.1f} ± {row['return_std']:.1f} | "
                 f"{row['wall_sec_mean']:.0f} | {row['fps_mean']:,.0f} |"
             )
-        if env in CLEANRL_PUBLISHED:
+        if env in CLEANRL_PUBLISHED and algo == "ppo":
             mean, std = CLEANRL_PUBLISHED[env]
             lines.append(f"| {env} | CleanRL published (v4, 3 seeds) | 3 | {mean} ± {std} | | |")
     lines.append("")
@@ -138,7 +149,7 @@ def markdown(table: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(out_dir: Path, env: str) -> Path | None:
+def plot(out_dir: Path, env: str, algo: str = "ppo") -> Path | None:
     """Return against env steps and wall time, every run of every system on one figure (sfengine.plot's)."""
     runs = [json.loads(p.read_text()) for p in sorted((out_dir / env).glob("*_seed*.json"))]
     if not any(run["curve"] for run in runs):
@@ -151,7 +162,8 @@ def plot(out_dir: Path, env: str) -> Path | None:
             label = None if run["system"] in labelled else run["system"]
             labelled.add(run["system"])
             lines.append(Series(label, steps, seconds, returns, COLORS.get(run["system"])))
-    references = {name: [("CleanRL published, 1M", CLEANRL_PUBLISHED[env][0])]} if env in CLEANRL_PUBLISHED else {}
+    published = env in CLEANRL_PUBLISHED and algo == "ppo"
+    references = {name: [("CleanRL published, 1M", CLEANRL_PUBLISHED[env][0])]} if published else {}
     title = f"{env}: one line per seed; time on a log scale"
     return plot_metrics({name: lines}, out_dir / f"{env}.png", title, log_time=True, references=references)
 
@@ -166,10 +178,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="sfengine's learner device")
     parser.add_argument("--rerun_peers", action="store_true", help="run peers even where their results exist")
     parser.add_argument("--peer_threads", type=int, default=1, help="torch threads of a peer (it runs one env)")
-    parser.add_argument("--out", default="benchmarks/results/learning")
+    parser.add_argument("--algo", default="ppo", choices=("ppo", "sac"), help="every system's algorithm")
+    parser.add_argument("--out", default="", help="default: benchmarks/results/learning (SAC: learning_sac)")
     parser.add_argument("--sfengine_args", default="", help="extra sfengine options, space-separated")
     args = parser.parse_args()
-    out_dir, envs = Path(args.out), args.envs.split(",")
+    out_dir = Path(args.out or f"benchmarks/results/learning{'_sac' if args.algo == 'sac' else ''}")
+    envs = args.envs.split(",")
+    extra = args.sfengine_args.split() + (["--algo=sac"] if args.algo == "sac" else [])
     systems = args.systems.split(",")
     for env in envs:
         for system in systems:
@@ -177,20 +192,20 @@ def main() -> None:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     name = "sfengine" if args.device == "cpu" else f"sfengine-{args.device}"
                     path = out_dir / env / f"{name}_seed{seed}.json"
-                    run_sfengine(env, seed, args.env_steps, path, args.device, args.sfengine_args.split())
+                    run_sfengine(env, seed, args.env_steps, path, args.device, extra)
             elif system in PEERS:
                 for seed in (int(s) for s in args.peer_seeds.split(",")):
                     path = out_dir / env / f"{system}_seed{seed}.json"
                     if args.rerun_peers or not path.exists():
-                        run_peer(system, env, seed, args.env_steps, path, args.peer_threads)
+                        run_peer(system, env, seed, args.env_steps, path, args.peer_threads, args.algo)
             else:
                 raise SystemExit(f"--systems: unknown system {system!r}; use sfengine, sb3 or cleanrl")
-    table = aggregate(out_dir, envs)
+    table = aggregate(out_dir, envs, args.algo)
     write_json(out_dir / "summary.json", table)
-    (out_dir / "summary.md").write_text(markdown(table))
+    (out_dir / "summary.md").write_text(markdown(table, args.algo))
     for env in envs:
-        plot(out_dir, env)
-    print(markdown(table))
+        plot(out_dir, env, args.algo)
+    print(markdown(table, args.algo))
 
 
 if __name__ == "__main__":
