@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from helpers import read_summary, run_train, scripted_demos
+from helpers import evaluate, read_summary, run_train, scripted_demos
 from sfengine.algorithms.offpolicy.residual import base_identity, load_base
 from sfengine.config import ConfigError, parse_config
 from sfengine.demos import write_demos
@@ -120,3 +120,7 @@ def test_td3s_correction_of_a_weak_clone_learns_sparse_reach(reach_clone, train_
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "residual")
     assert summary["success_rate"] >= 0.9, summary
+    # sfengine.evaluate evaluates the pair as it is saved: the base's sampled action plus the correction's mean.
+    result = evaluate(f"--train_dir={train_dir}", "--experiment=residual", "--eval_episodes=20")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "success 0.9" in result.stdout or "success 1.0" in result.stdout, result.stdout[-1000:]
