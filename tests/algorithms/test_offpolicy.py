@@ -279,6 +279,7 @@ def test_the_status_line_says_what_sac_did():
         and " alpha " in line
         and line.endswith(f"{stats['gradient_steps']:.0f} steps a batch")
     )
+    assert "correction 85% of its bound" in status(cfg, stats | {"residual_size": 0.851})
 
 
 def test_td3_acts_with_clipped_noise_and_learns_towards_its_target_actors_smoothed_action():

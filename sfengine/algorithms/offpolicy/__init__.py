@@ -130,4 +130,6 @@ def status(cfg: Config, learner: dict[str, float]) -> str | None:
     words = f"critic loss {learner['critic_loss']:.3g} q {learner['q_mean']:.3g} td {learner['td_error']:.3g} "
     if "temperature" in learner:
         words += f"alpha {learner['temperature']:.3g} entropy {learner.get('entropy', float('nan')):.2f} "
+    if "residual_size" in learner:
+        words += f"correction {learner['residual_size']:.0%} of its bound "
     return words + f" {learner['gradient_steps']:.0f} steps a batch"
