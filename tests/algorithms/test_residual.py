@@ -79,6 +79,12 @@ def test_with_the_bases_sampled_action_the_policy_acts_as_the_base_samples(base_
     assert torch.equal(acted, inside)
 
 
+def test_a_residual_over_demonstrations_pays_for_leaving_them_unless_told_otherwise():
+    assert parse_config(["--algo=td3", "--residual_over=x", "--demos=d.hdf5"]).algorithm_options.bc_weight == 0.4
+    assert parse_config(["--algo=td3", "--residual_over=x", "--demos=d", "--bc_weight=0"]).get("bc_weight") == 0
+    assert parse_config(["--algo=td3", "--demos=d.hdf5"]).algorithm_options.bc_weight == 0  # no residual: none
+
+
 def test_residual_options_are_checked():
     with pytest.raises(ConfigError, match="--residual_scale=0.0 must lie in"):
         parse_config(["--algo=td3", "--residual_scale=0"])

@@ -27,6 +27,13 @@ OFF_POLICY_DEFAULTS = {
 }
 
 
+# A residual policy with demonstrations pays TD3+BC's price for leaving them (alpha 2.5) unless told otherwise: on
+# LIBERO-Object tasks 0-2 it took the clone from 0.34 to 0.75 in 100k env steps, where without it training success
+# first fell from 0.49 to 0.22 and was 0.62 at 100k, and a residual penalty of 0.02 held the clone where it was
+# (benchmarks/README.md, "Residual off-policy fine-tuning on LIBERO").
+RESIDUAL_BC_WEIGHT = 0.4
+
+
 def off_policy_algorithm(trainer, actor, residual, title: str, own_defaults: dict) -> Algorithm:
     """The spec of an off-policy algorithm: its trainer (an ``OffPolicyTrainer``), the policy it acts with (its
     ``actor`` class, or with --residual_over its ``residual`` class over the frozen base), and the defaults it sets
@@ -36,6 +43,8 @@ def off_policy_algorithm(trainer, actor, residual, title: str, own_defaults: dic
         for name, value in {**OFF_POLICY_DEFAULTS, **own_defaults}.items():
             if name not in given:
                 cfg.set(name, value)
+        if cfg.algorithm_options.residual_over and cfg.learner.demos and "bc_weight" not in given:
+            cfg.set("bc_weight", RESIDUAL_BC_WEIGHT)
 
     return Algorithm(
         trainer=trainer,

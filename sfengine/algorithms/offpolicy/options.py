@@ -74,7 +74,8 @@ class OffPolicyOptions:
     bc_weight: float = option(
         0.0,
         "with --demos, actor loss: this x mean|Q| x the squared distance of the actor's action from the "
-        "demonstrated one on the minibatch's demonstrations (TD3+BC's term; its alpha of 2.5 is 0.4 here)",
+        "demonstrated one on the minibatch's demonstrations (TD3+BC's term; its alpha of 2.5 is 0.4 here); unset, "
+        "a run with both --residual_over and --demos takes 0.4",
     )
     save_replay: bool = option(
         False,
