@@ -108,7 +108,11 @@ class ResidualPolicy:
 
     def base_actions(self, obs: dict[str, Tensor]) -> Tensor:
         with torch.no_grad():
-            actions = self.base.act(obs, deterministic=self.base_mode).actions
+            if self.base.flow_head is not None:
+                actions = self.base.act(obs, deterministic=self.base_mode).actions
+            else:  # the policy alone: a clone's value head is not needed here
+                params = self.base.policy_params(obs)
+                actions = (self.base.mode if self.base_mode else self.base.sample)(params)[0]
         return self.inside_box(actions)
 
     def inside_box(self, actions: Tensor) -> Tensor:
