@@ -128,8 +128,6 @@ def test_a_resumed_trainer_goes_on_with_the_same_critics_targets_optimisers_and_
 
 
 def test_sac_rules_are_one_line_errors():
-    with pytest.raises(ConfigError, match="--action_chunk"):
-        parse_config(["--algo=sac", "--action_chunk=4"])
     with pytest.raises(ConfigError, match="--critic_subset=3 must be between 1 and --num_critics=2"):
         parse_config(["--algo=sac", "--critic_subset=3"])
     with pytest.raises(ConfigError, match="--clip_mode .* is an option of --algo=ppo, not of --algo=sac"):
@@ -160,6 +158,7 @@ RECORDING_SCRIPT = textwrap.dedent(
                 "obs": batch.obs["obs"][..., 0].tolist(),
                 "final_obs": batch.final_obs["obs"][..., 0].tolist(),
                 "truncated": batch.truncated.tolist(),
+                "chunk_steps": batch.chunk_steps.tolist(),
             }}) + "\\n")
         return real(self, batch, learner_version, env_steps)
 
@@ -173,26 +172,31 @@ RECORDING_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_a_truncated_episode_bootstraps_from_its_own_last_observation_through_the_engine(tmp_path, train_dir):
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_a_truncated_episode_bootstraps_from_its_own_last_observation_through_the_engine(tmp_path, train_dir, chunk):
     # chunk_probe_truncated: the observation counts the episode's steps; a time limit ends it after 6, and the
-    # next entry of the trajectory is the next episode's first observation (0).
+    # next entry of the trajectory is the next episode's first observation (0). In chunks of 4 the second chunk
+    # is cut after 2 env steps.
     log, script = tmp_path / "batches.jsonl", tmp_path / "record.py"
     script.write_text(RECORDING_SCRIPT.format(log=str(log)))
     command = train_command(train_dir, "sac_probe", "--algo=sac", "--env=chunk_probe_truncated", "--rollout=16")
     command[1:3] = [str(script)]
     command += ["--num_workers=2", "--num_envs_per_worker=2", "--train_for_env_steps=512", "--learning_starts=256"]
-    command += ["--batch_size=64", "--hidden_sizes=16,16", "--critic_hidden_sizes=16,16"]
+    command += ["--batch_size=64", "--hidden_sizes=16,16", "--critic_hidden_sizes=16,16", f"--action_chunk={chunk}"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    # The cut entry: its first observation, its final one, the next entry's, the env steps it took.
+    expected = {1: (5.0, 6.0, 0.0, 1), 4: (4.0, 6.0, 0.0, 2)}[chunk]
     truncations = 0
     for record in map(json.loads, log.read_text().splitlines()):
-        for obs, final, truncated in zip(record["obs"], record["final_obs"], record["truncated"], strict=True):
+        rows = zip(record["obs"], record["final_obs"], record["truncated"], record["chunk_steps"], strict=True)
+        for obs, final, truncated, taken in rows:
             for t, cut in enumerate(truncated[:-1]):
                 if cut:
                     truncations += 1
-                    assert (obs[t], final[t], obs[t + 1]) == (5.0, 6.0, 0.0)
+                    assert (obs[t], final[t], obs[t + 1], taken[t]) == expected
                 else:
-                    assert final[t] == 0.0
+                    assert final[t] == 0.0 and taken[t] == chunk
     assert truncations >= 512 // 6 - 8
 
 

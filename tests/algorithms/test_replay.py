@@ -34,7 +34,18 @@ def trajectories(count: int, first_obs: float = 0.0) -> TrajectoryBuffers:
     batch.final_obs["obs"][:] = 100 + entries[..., None].float()
     batch.rewards[:] = 2.0 ** torch.arange(T + 1).float()
     batch.actions[:] = entries[..., None].float() / 100
+    batch.chunk_steps[:] = 1
     return batch
+
+
+def demonstration(start: float, steps: int, success: bool) -> Demo:
+    """Observations start, start + 1, ...; actions a hundredth of them; reward 1 at the last step of a success."""
+    obs = start + np.arange(steps, dtype=np.float32)[:, None]
+    rewards = np.zeros(steps, np.float32)
+    rewards[-1] = float(success)
+    dones = np.zeros(steps, np.uint8)
+    dones[-1] = success
+    return Demo({"obs": obs}, obs / 100, rewards, dones, None, 0, 0)
 
 
 def test_n_step_returns_stop_at_terminations_truncations_and_the_rows_end():
@@ -80,14 +91,6 @@ def test_the_ring_overwrites_its_oldest_rows_and_samples_only_stored_steps():
 
 
 def test_a_successful_demonstration_terminates_and_a_failed_one_bootstraps_from_its_last_observation():
-    def demonstration(start: float, steps: int, success: bool) -> Demo:
-        obs = start + np.arange(steps, dtype=np.float32)[:, None]
-        rewards = np.zeros(steps, np.float32)
-        rewards[-1] = float(success)
-        dones = np.zeros(steps, np.uint8)
-        dones[-1] = success
-        return Demo({"obs": obs}, obs / 100, rewards, dones, None, 0, 0)
-
     demos = DemoSet("env", "state", [demonstration(0, 3, True), demonstration(50, 4, False)])
     replay = Replay.of_demos(demos, OBS_SPEC, ACTION_SPEC, lambda rewards: 10 * rewards)
     # The success's 3 steps and the failure's first 3 (its last observation is only a bootstrap): 6 starts.
@@ -143,3 +146,47 @@ def test_polyak_averaging_moves_the_target_by_tau():
     before = target.weight.detach().clone()
     soft_update_(target, source, 0.25)
     assert torch.allclose(target.weight, 0.75 * before + 0.25 * source.weight)
+
+
+CHUNK_SPEC = ActionSpec(discrete=False, dim=2, low=(-1.0, -1.0), high=(1.0, 1.0), chunk=2)
+
+
+def test_n_step_returns_over_chunks_discount_each_by_the_env_steps_before_it():
+    # Entries are chunks of 2 actions; entry 2 is cut short by a time limit after 1 env step.
+    batch = TrajectoryBuffers.allocate(1, T, OBS_SPEC, CHUNK_SPEC, shared=False, final_obs=True)
+    entries = torch.arange(T + 1).float()
+    batch.obs["obs"][0] = entries[:, None]
+    batch.final_obs["obs"][0] = 100 + entries[:, None]
+    batch.rewards[0] = 2.0 ** entries  # each already the chunk's discounted sum, as the rollout writes it
+    batch.chunk_steps[0, :T] = torch.tensor([2, 2, 1, 2, 2])
+    batch.truncated[0, 2] = True
+    replay = Replay(100, T, OBS_SPEC, CHUNK_SPEC)
+    replay.insert(batch)
+    assert replay.inserted_steps == 9  # env steps, not entries
+    out = replay.n_step(torch.zeros(3, dtype=torch.long), torch.tensor([0, 1, 3]), 3, GAMMA)
+    # t=0: r0 + g^2 r1 + g^4 r2, cut at 2 after 5 env steps -> g^5 V(final obs of entry 2 = 102)
+    # t=1: r1 + g^2 r2 -> g^3 V(102); t=3: r3 + g^2 r4, the row's end -> g^4 V(obs[5] = 5)
+    assert out.returns.tolist() == [1 + 0.25 * 2 + 0.0625 * 4, 2 + 0.25 * 4, 8 + 0.25 * 16]
+    assert out.discounts.tolist() == [0.5**5, 0.5**3, 0.5**4]
+    assert out.steps.tolist() == [5, 3, 4]
+    assert out.next_obs["obs"].squeeze(1).tolist() == [102, 102, 5]
+
+
+def test_demonstrations_in_chunks_start_a_chunk_at_every_step():
+    demos = DemoSet("env", "state", [demonstration(0, 5, True), demonstration(50, 4, False)])
+    replay = Replay.of_demos(demos, OBS_SPEC, CHUNK_SPEC, lambda rewards: rewards, GAMMA)
+    # Success: chunks from steps 0, 2, 4 (row 0) and 1, 3 (row 1). Failure, 3 steps with a next observation:
+    # chunks from 0, 2 (row 2) and 1 (row 3).
+    rows, t = replay.sample_indices(3000, torch.Generator().manual_seed(0))
+    starts = set(zip(rows.tolist(), t.tolist(), strict=True))
+    assert starts == {(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0)}
+    assert replay.obs["obs"][:4, 0, 0].tolist() == [0, 1, 50, 51]
+    # The last chunk of the success runs past its end: its last action repeated, one env step taken.
+    assert replay.actions[0, 2].tolist() == pytest.approx([0.04, 0.04])
+    assert replay.env_steps[0, :3].tolist() == [2, 2, 1]
+    out = replay.n_step(torch.tensor([0, 1, 2, 3]), torch.tensor([0, 0, 0, 0]), 3, GAMMA)
+    # Row 0: the success's reward 4 env steps on; row 1: its chunk from step 3 holds r3 + g r4 = 0.5, 2 steps on.
+    assert out.returns.tolist() == [0.5**4, 0.25 * 0.5, 0, 0]
+    # The failure bootstraps from observation 53 after its 3 steps (row 2) or 2 (row 3, from step 1).
+    assert out.discounts.tolist() == [0, 0, 0.5**3, 0.5**2]
+    assert out.next_obs["obs"].squeeze(1)[2:].tolist() == [53, 53]

@@ -37,28 +37,39 @@ def base_model():
     del MODELS["test_base"]
 
 
-def residual(algo: str, base_action: str = "mode", scale: float = 0.1):
-    cfg = parse_config([f"--algo={algo}", "--env=Pendulum-v1", "--residual_over=test_base", "--hidden_sizes=16,16"])
+# A chunk of 2 of those actions a decision (--action_chunk=2).
+CHUNK_SPEC = ActionSpec(discrete=False, dim=4, low=(-2.0, 0.0) * 2, high=(2.0, 1.0) * 2, chunk=2)
+
+
+def residual(algo: str, base_action: str = "mode", scale: float = 0.1, action_spec: ActionSpec = ACTION_SPEC):
+    cfg = parse_config(
+        [f"--algo={algo}", "--env=Pendulum-v1", "--residual_over=test_base", "--hidden_sizes=16,16"]
+        + [f"--action_chunk={action_spec.chunk}"]
+    )
     cfg.set("residual_base_action", base_action)
     cfg.set("residual_scale", scale)
     from sfengine.algorithms import algorithm_for
 
-    return algorithm_for(cfg).model(cfg, OBS_SPEC, ACTION_SPEC), cfg
+    return algorithm_for(cfg).model(cfg, OBS_SPEC, action_spec), cfg
 
 
+@pytest.mark.parametrize("action_spec", [ACTION_SPEC, CHUNK_SPEC], ids=["one action", "chunks of 2"])
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-def test_the_first_actions_are_exactly_the_bases_and_corrections_stay_within_their_bound(base_model, algo):
-    model, cfg = residual(algo)
-    base = load_base(cfg, OBS_SPEC, ACTION_SPEC)
+def test_the_first_actions_are_exactly_the_bases_and_corrections_stay_within_their_bound(
+    base_model, algo, action_spec
+):
+    model, cfg = residual(algo, action_spec=action_spec)
+    base = load_base(cfg, OBS_SPEC, action_spec)
     obs = {"obs": torch.randn(64, 3) * 3}
+    low, high = torch.tensor(action_spec.low), torch.tensor(action_spec.high)
     with torch.inference_mode():
-        expected = base.act(obs, deterministic=True).actions
-        expected = torch.maximum(torch.minimum(expected, torch.tensor([2.0, 1.0])), torch.tensor([-2.0, 0.0]))
+        expected = torch.maximum(torch.minimum(base.act(obs, deterministic=True).actions, high), low)
+        assert expected.shape == (64, action_spec.dim)
         assert torch.equal(model.act(obs, deterministic=True).actions, expected)
         # Sampled, the correction adds its noise within +-0.1 half-ranges (0.2 and 0.05 here) of the base's action.
         sampled = model.act(obs).actions
     gap = (sampled - expected).abs()
-    assert (gap <= torch.tensor([0.2, 0.05]) + 1e-6).all() and gap.max() > 0
+    assert (gap <= (high - low) / 2 * 0.1 + 1e-6).all() and gap.max() > 0
     # Only the correction learns: the base is frozen and in the checkpoint (the model's own base.* weights).
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert trainable and not any(name.startswith("base.") for name in trainable)
@@ -109,6 +120,10 @@ def test_a_base_that_does_not_fit_the_env_is_a_one_line_error_before_anything_st
     for args, message in [
         (["--env=Pendulum-v1", "--residual_over=clone"], "--residual_over=clone: its policy (trained on --env="),
         (["--env=sparse_reach", "--residual_over=nothing"], "--residual_over=nothing: no checkpoint file"),
+        (
+            ["--env=sparse_reach", "--residual_over=clone", "--action_chunk=2"],
+            "--residual_over=clone: its policy was trained with --action_chunk=1 and this run has --action_chunk=2",
+        ),
     ]:
         result = run_train(train_dir, "bad_base", "--algo=td3", *args, timeout=120)
         errors = [line for line in result.stderr.splitlines() if line.startswith("sfengine.train: error")]

@@ -65,8 +65,6 @@ def off_policy_algorithm(trainer, actor, residual, title: str, own_defaults: dic
 
 def validate(cfg: Config) -> None:
     options, algo = cfg.algorithm_options, cfg.learner.algo
-    if cfg.model.action_chunk != 1:
-        raise ConfigError(f"--algo={algo} learns one action per step: drop --action_chunk")
     if cfg.model.policy_head != "gaussian":
         raise ConfigError(
             f"--algo={algo} acts with its own squashed policy: drop --policy_head={cfg.model.policy_head}"
@@ -122,6 +120,8 @@ def describe(cfg: Config) -> str:
         words += f" (target: min of {options.critic_subset})"
     if options.n_step > 1:
         words += f", {options.n_step}-step returns"
+    if cfg.model.action_chunk > 1:
+        words += f" over chunks of {cfg.model.action_chunk} actions"
     if cfg.learner.demos and options.demo_ratio > 0:
         words += f", demonstrations {options.demo_ratio:.0%} of each minibatch"
     if options.residual_over:

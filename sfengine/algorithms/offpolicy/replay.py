@@ -10,7 +10,11 @@ transition's next observation is the next entry's, except where the episode ende
 (nothing to bootstrap) or a truncation (time limit, chunk cut short, failed env step), whose bootstrap is the
 episode's own last observation, ``final_obs``, which the rollout worker keeps for the algorithms that declare it.
 Returns of n steps stop at an episode's end and at a row's end (entry T bootstraps them): each is exact, only
-shorter. ``replay_size`` counts env steps; the ring holds ``replay_size // T`` rows and overwrites the oldest.
+shorter. ``replay_size`` counts env steps; the ring holds ``replay_size // (T x K)`` rows and overwrites the oldest.
+
+With action chunks (``--action_chunk=K``) an entry is one decision: the chunk's K actions, their reward discounted
+to the chunk's first step, and the env steps it took (K, fewer where the episode ended inside it). n-step returns
+then run over n decisions and discount each by the env steps before it, so a chunk cut short is exact too.
 """
 
 from __future__ import annotations
@@ -37,18 +41,18 @@ class NStep(NamedTuple):
     returns: Tensor
     next_obs: dict[str, Tensor]
     discounts: Tensor
-    steps: Tensor  # env steps to the bootstrap: 1..n
+    steps: Tensor  # env steps to the bootstrap: 1..n (with chunks of K: up to n x K)
 
 
 def bytes_per_step(obs_spec: ObsSpec, action_spec: ActionSpec) -> int:
-    """Memory a stored step takes: its observation twice (the entry's and a truncation's final one), the action,
-    the reward and the flags."""
+    """Memory a stored env step takes: its observation twice (the entry's and a truncation's final one), the
+    action, the reward and the flags (with chunks of K: an entry's, shared by its K env steps)."""
     obs = sum(
         torch.empty((), dtype=obs_spec.dtypes[key]).element_size() * int(torch.Size(shape).numel())
         for key, shape in obs_spec.shapes.items()
     )
     action = torch.empty((), dtype=action_spec.dtype).element_size() * max(1, action_spec.dim)
-    return 2 * obs + action + 4 + 2 + 8
+    return -(-(2 * obs + action + 4 + 2 + 8 + 2) // action_spec.chunk)
 
 
 def check_replay_fits(replay_size: int, obs_spec: ObsSpec, action_spec: ActionSpec, available: int) -> None:
@@ -69,7 +73,7 @@ def check_replay_fits(replay_size: int, obs_spec: ObsSpec, action_spec: ActionSp
 class Replay:
     def __init__(self, capacity_steps: int, horizon: int, obs_spec: ObsSpec, action_spec: ActionSpec):
         self.horizon = horizon
-        self.capacity = max(1, capacity_steps // horizon)  # rows
+        self.capacity = max(1, capacity_steps // (horizon * action_spec.chunk))  # rows
         rows, steps = (self.capacity, horizon + 1), (self.capacity, horizon)
         self.obs = {
             key: torch.zeros(rows + shape, dtype=obs_spec.dtypes[key]) for key, shape in obs_spec.shapes.items()
@@ -81,6 +85,7 @@ class Replay:
         self.rewards = torch.zeros(steps)
         self.terminated = torch.zeros(steps, dtype=torch.bool)
         self.truncated = torch.zeros(steps, dtype=torch.bool)
+        self.env_steps = torch.ones(steps, dtype=torch.int16)  # env steps an entry took: 1, or up to K with chunks
         self.size = 0  # rows filled
         self.next_row = 0
         self.inserted_steps = 0
@@ -103,9 +108,10 @@ class Replay:
         self.rewards[rows] = (batch.rewards[:, steps] if rewards is None else rewards).float().cpu()
         self.terminated[rows] = batch.terminated[:, steps].cpu()
         self.truncated[rows] = batch.truncated[:, steps].cpu()
+        self.env_steps[rows] = batch.chunk_steps[:, steps].clamp(min=1).to(torch.int16).cpu()
         self.next_row = int((self.next_row + count) % self.capacity)
         self.size = min(self.capacity, self.size + count)
-        self.inserted_steps += count * self.horizon
+        self.inserted_steps += int(batch.chunk_steps[:, steps].clamp(min=1).sum())  # env steps
 
     def sample_indices(self, count: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(row, t) of ``count`` stored steps, uniformly with replacement."""
@@ -127,16 +133,19 @@ class Replay:
         row = rows[:, None]
         terminated = self.terminated[row, at] & inside
         ends = (terminated | self.truncated[row, at]) & inside
-        # Step k counts while no earlier step of the n ended the episode (and it lies inside the row).
+        # Entry k counts while no earlier entry of the n ended the episode (and it lies inside the row).
         ended_before = (ends.cumsum(1) - ends.long()) > 0
         counted = inside & ~ended_before
-        discount = gamma ** torch.arange(n, dtype=torch.float32)
-        returns = (self.rewards[row, at] * counted * discount).sum(1)
-        taken = counted.sum(1)  # steps to the bootstrap, 1..n
-        last = t + taken - 1  # the last step counted
+        # Each entry is discounted by the env steps before it (k without chunks).
+        env_steps = self.env_steps[row, at].long() * counted
+        before = env_steps.cumsum(1) - env_steps
+        returns = (self.rewards[row, at] * counted * gamma ** before.float()).sum(1)
+        taken = counted.sum(1)  # entries to the bootstrap, 1..n
+        waited = env_steps.sum(1)  # env steps to the bootstrap
+        last = t + taken - 1  # the last entry counted
         ended = ends[torch.arange(len(t)), taken - 1]
         truncated_at_last = ended & ~terminated[torch.arange(len(t)), taken - 1]
-        discounts = (gamma**taken).float() * ~terminated[torch.arange(len(t)), taken - 1]
+        discounts = (gamma ** waited.float()) * ~terminated[torch.arange(len(t)), taken - 1]
         next_obs = {}
         for key, obs in self.obs.items():
             following = obs[rows, (last + 1).clamp(max=self.horizon)]
@@ -149,40 +158,61 @@ class Replay:
             returns=returns,
             next_obs=next_obs,
             discounts=discounts,
-            steps=taken,
+            steps=waited,
         )
 
     @classmethod
     def of_demos(
-        cls, demo_set: DemoSet, obs_spec: ObsSpec, action_spec: ActionSpec, reward: Callable[[Tensor], Tensor]
+        cls,
+        demo_set: DemoSet,
+        obs_spec: ObsSpec,
+        action_spec: ActionSpec,
+        reward: Callable[[Tensor], Tensor],
+        gamma: float = 1.0,
     ) -> Replay:
-        """A replay that holds ``demo_set``, one demonstration a row, never overwritten. A successful demonstration
-        (``dones`` 1 at its last step) terminates there; any other ends one step early, truncated, and bootstraps
-        from its last observation, the one after that step's action. Draws start only at those steps.
-        ``reward``: the learner's view of the demonstrations' rewards (scaled, clipped), as of the online ones."""
+        """A replay that holds ``demo_set``, never overwritten. A successful demonstration (``dones`` 1 at its last
+        step) terminates there; any other ends one step early, truncated, and bootstraps from its last
+        observation, the one after that step's action. Draws start only at those steps. ``reward``: the learner's
+        view of the demonstrations' rewards (scaled, clipped), as of the online ones.
+
+        One demonstration a row; with chunks of K, K rows, the chunks starting at steps o, o + K, ... for each
+        offset o < K, so that every step starts a chunk. A chunk's reward is its steps' discounted by ``gamma``
+        to its first; one that runs past the demonstration's end repeats its last action (as the clone learns
+        it) and took only the steps that remained."""
+        k = action_spec.chunk
         demos = demo_set.demos
-        replay = cls(
-            len(demos) * max(len(demo) for demo in demos), max(len(demo) for demo in demos), obs_spec, action_spec
-        )
-        starts = []
-        for row, demo in enumerate(demos):
+        horizon = -(-max(len(demo) for demo in demos) // k)
+        replay = cls(len(demos) * k * horizon * k, horizon, obs_spec, action_spec)
+        starts, row = [], 0
+        for demo in demos:
             success = bool(demo.dones[-1])
-            steps = len(demo) if success else len(demo) - 1
-            for key in replay.obs:
-                observed = torch.as_tensor(demo.obs[key])
-                replay.obs[key][row, : len(demo)] = observed
-                if not success and steps > 0:
-                    replay.final_obs[key][row, steps - 1] = observed[-1]
-            replay.actions[row, : len(demo)] = torch.as_tensor(demo.actions).reshape(len(demo), *action_spec.shape)
-            replay.rewards[row, :steps] = reward(torch.as_tensor(demo.rewards[:steps]).float())
-            if steps > 0:
-                (replay.terminated if success else replay.truncated)[row, steps - 1] = True
-            starts.append(row * replay.horizon + torch.arange(steps))
-        replay.starts = torch.cat(starts)
-        if len(replay.starts) == 0:
+            steps = len(demo) if success else len(demo) - 1  # transitions with a next observation (or an end)
+            observed = {key: torch.as_tensor(demo.obs[key]) for key in replay.obs}
+            actions = torch.as_tensor(demo.actions).reshape(len(demo), -1)
+            rewards = torch.as_tensor(demo.rewards).float()
+            for offset in range(min(k, steps)):
+                first = torch.arange(offset, steps, k)  # each entry's first step
+                entries = len(first)
+                taken = (steps - first).clamp(max=k)  # env steps of each entry
+                within = torch.arange(k)
+                at = (first[:, None] + within[None]).clamp(max=len(demo) - 1)
+                counts = within[None] < taken[:, None]
+                for key in replay.obs:
+                    replay.obs[key][row, :entries] = observed[key][first]
+                    if not success:
+                        replay.final_obs[key][row, entries - 1] = observed[key][steps]
+                replay.actions[row, :entries] = actions[at].reshape(entries, *action_spec.shape)
+                chunk_rewards = (rewards[at] * counts * gamma ** within.float()).sum(1)
+                replay.rewards[row, :entries] = reward(chunk_rewards)
+                replay.env_steps[row, :entries] = taken.to(torch.int16)
+                (replay.terminated if success else replay.truncated)[row, entries - 1] = True
+                starts.append(row * replay.horizon + torch.arange(entries))
+                row += 1
+        if not starts:
             raise ConfigError("--demos: no demonstration has a step to learn from (each is one step long and failed)")
-        replay.size = len(demos)
-        replay.inserted_steps = len(replay.starts)
+        replay.starts = torch.cat(starts)
+        replay.size = row
+        replay.inserted_steps = int(sum(len(s) for s in starts))
         return replay
 
     def state_dict(self) -> dict:
@@ -194,6 +224,7 @@ class Replay:
             "rewards": self.rewards,
             "terminated": self.terminated,
             "truncated": self.truncated,
+            "env_steps": self.env_steps,
             "size": self.size,
             "next_row": self.next_row,
             "inserted_steps": self.inserted_steps,
@@ -203,7 +234,7 @@ class Replay:
         for key in self.obs:
             self.obs[key].copy_(state["obs"][key])
             self.final_obs[key].copy_(state["final_obs"][key])
-        for name in ("actions", "rewards", "terminated", "truncated"):
+        for name in ("actions", "rewards", "terminated", "truncated", "env_steps"):
             getattr(self, name).copy_(state[name])
         self.size, self.next_row = int(state["size"]), int(state["next_row"])
         self.inserted_steps = int(state["inserted_steps"])

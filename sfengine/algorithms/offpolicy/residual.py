@@ -7,6 +7,8 @@ bounded correction.
                                       its last layer starts at zero, so the first actions are the base's
     acts     clip(a + r) to the env's box
 
+With ``--action_chunk=K`` (the base's own) a decision is a chunk: the base's K actions and a correction of each.
+
 The policy is one module (the base is a frozen submodule), so the inference workers run base and correction
 together, every checkpoint holds both, and ``sfengine.evaluate`` evaluates the pair. The actor and the critics
 read the observation as the base normalises it (its frozen input statistics); the critics judge the action taken,
@@ -53,6 +55,11 @@ def load_base(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> ActorC
             )
         base_cfg = _layered([(load_saved_config(saved), str(saved))])
         trained_on = json.loads(saved.read_text()).get("env", {}).get("env", "?")
+        if base_cfg.model.action_chunk != cfg.model.action_chunk:
+            raise ConfigError(
+                f"--residual_over={source}: its policy was trained with --action_chunk={base_cfg.model.action_chunk} "
+                f"and this run has --action_chunk={cfg.model.action_chunk}: run with the base's"
+            )
         try:
             base = ActorCritic.for_config(base_cfg, obs_spec, action_spec)
             base.load_state_dict(state["model"])
@@ -65,8 +72,9 @@ def load_base(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> ActorC
         where = str(path)
     if base.action_spec.dim != action_spec.dim:
         raise ConfigError(
-            f"--residual_over={source}: the base acts {base.action_spec.dim} values a step, the env takes "
-            f"{action_spec.dim}; give a base of this env without --action_chunk"
+            f"--residual_over={source}: the base acts {base.action_spec.dim} values a decision, this run "
+            f"{action_spec.dim} ({action_spec.chunk} x {action_spec.env_dim}); give a base of this env, with "
+            "--action_chunk set to the base's chunk"
         )
     base.source = where
     return base.requires_grad_(False).eval()

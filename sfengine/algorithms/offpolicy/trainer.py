@@ -50,7 +50,9 @@ class OffPolicyTrainer(Trainer):
         self.demos = None
         self.demo_samples = 0
         if cfg.learner.demos and options.demo_ratio > 0:
-            self.demos = Replay.of_demos(read_run_demos(cfg), model.obs_spec, model.action_spec, self.learner_rewards)
+            self.demos = Replay.of_demos(
+                read_run_demos(cfg), model.obs_spec, model.action_spec, self.learner_rewards, self.gamma
+            )
             self.demo_samples = round(options.demo_ratio * cfg.learner.batch_size)
         # The replay's draws and the target subsets: a stream of this rank's own, kept in checkpoints.
         self.generator = torch.Generator().manual_seed(cfg.env.seed * 7919 + 17 + self.group.ranks.rank)
