@@ -286,6 +286,11 @@ def buffers_per_worker(cfg: Config) -> int:
     return s.num_envs_per_worker * ((members_per_env + 1) * buffers_per_episode + waiting + 1)
 
 
+def frozen_prefixes(model: torch.nn.Module) -> tuple[str, ...]:
+    """Names (prefixes) of the state a model never changes in training: ``frozen_prefixes`` where it declares one."""
+    return tuple(getattr(model, "frozen_prefixes", ()))
+
+
 @dataclass
 class SharedWeights:
     """Policy weights in shared memory with a version counter. The learner publishes, inference workers pull.
@@ -302,13 +307,16 @@ class SharedWeights:
     inference worker's per-batch check (a stale read only delays the pull).
 
     With FlowSAR the EMA reference policy travels beside the policy, under the same lock: a pull never pairs a
-    policy with a reference of another version.
+    policy with a reference of another version. What a model declares frozen (``frozen_prefixes``: a residual
+    policy's base, however large) is copied once, at allocation, and pulled once by each model.
     """
 
     tensors: dict[str, Tensor]
     version: Tensor  # int64 [1]: the published policy version
     sequence: Tensor  # int64 [1]: odd while the learner writes
     reference_tensors: dict[str, Tensor] | None = None  # FlowSAR's reference policy, the same architecture
+    # Tensors that never change after allocation (a residual policy's frozen base): written once, pulled once.
+    frozen: frozenset[str] = frozenset()
 
     @classmethod
     def allocate(cls, model: torch.nn.Module, reference: bool = False) -> SharedWeights:
@@ -316,13 +324,15 @@ class SharedWeights:
             return {name: t.detach().cpu().clone().share_memory_() for name, t in model.state_dict().items()}
 
         counters = shared_zeros((1,), torch.int64), shared_zeros((1,), torch.int64)
-        return cls(shared_copy(), *counters, shared_copy() if reference else None)
+        frozen = frozenset(name for name in model.state_dict() if name.startswith(frozen_prefixes(model)))
+        return cls(shared_copy(), *counters, shared_copy() if reference else None, frozen)
 
     def publish(self, model: torch.nn.Module, version: int, reference: torch.nn.Module | None = None) -> None:
         with torch.no_grad():
             self.sequence += 1
             for name, t in model.state_dict().items():
-                self.tensors[name].copy_(t)
+                if name not in self.frozen:
+                    self.tensors[name].copy_(t)
             if reference is not None:
                 for name, t in reference.state_dict().items():
                     self.reference_tensors[name].copy_(t)
@@ -330,8 +340,10 @@ class SharedWeights:
             self.sequence += 1
 
     def pull(self, model: torch.nn.Module, reference: torch.nn.Module | None = None) -> int:
+        """The published weights into ``model`` (and ``reference``); the frozen ones only at a model's first pull."""
         state = model.state_dict()
         reference_state = reference.state_dict() if reference is not None else {}
+        skip = self.frozen if getattr(model, "_frozen_pulled", False) else frozenset()
         with torch.no_grad():
             while True:
                 before = int(self.sequence[0])
@@ -339,9 +351,11 @@ class SharedWeights:
                     time.sleep(0.0001)  # the learner is writing; a copy takes well under a millisecond
                     continue
                 for name, t in self.tensors.items():
-                    state[name].copy_(t)
+                    if name not in skip:
+                        state[name].copy_(t)
                 for name, t in self.reference_tensors.items() if reference is not None else ():
                     reference_state[name].copy_(t)
                 version = int(self.version[0])
                 if int(self.sequence[0]) == before:
+                    model._frozen_pulled = True
                     return version

@@ -41,10 +41,12 @@ def base_model():
 CHUNK_SPEC = ActionSpec(discrete=False, dim=4, low=(-2.0, 0.0) * 2, high=(2.0, 1.0) * 2, chunk=2)
 
 
-def residual(algo: str, base_action: str = "mode", scale: float = 0.1, action_spec: ActionSpec = ACTION_SPEC):
+def residual(
+    algo: str, base_action: str = "mode", scale: float = 0.1, action_spec: ActionSpec = ACTION_SPEC, *args: str
+):
     cfg = parse_config(
         [f"--algo={algo}", "--env=Pendulum-v1", "--residual_over=test_base", "--hidden_sizes=16,16"]
-        + [f"--action_chunk={action_spec.chunk}"]
+        + [f"--action_chunk={action_spec.chunk}", *args]
     )
     cfg.set("residual_base_action", base_action)
     cfg.set("residual_scale", scale)
@@ -145,3 +147,25 @@ def test_td3s_correction_of_a_weak_clone_learns_sparse_reach(reach_clone, train_
     result = evaluate(f"--train_dir={train_dir}", "--experiment=residual", "--eval_episodes=20")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "success 0.9" in result.stdout or "success 1.0" in result.stdout, result.stdout[-1000:]
+
+
+def test_a_base_on_a_device_of_its_own_stays_there_when_the_policy_moves(base_model):
+    model, cfg = residual("td3")
+    placed, _ = residual("td3", "mode", 0.1, ACTION_SPEC, "--residual_base_device=cpu")
+    obs = {"obs": torch.randn(16, 3)}
+    with torch.inference_mode():
+        assert torch.equal(placed.act(obs, deterministic=True).actions, model.act(obs, deterministic=True).actions)
+    placed.to("meta")  # the policy moves; its base does not
+    assert all(p.device.type == "meta" for name, p in placed.named_parameters() if not name.startswith("base."))
+    assert all(p.device.type == "cpu" for p in placed.base.parameters())
+    assert placed.env_center.device.type == "meta" and [*placed.state_dict()][0] == [*model.state_dict()][0]
+
+
+def test_the_base_device_is_checked_where_it_is_given():
+    for args, message in [
+        (["--residual_over=x", "--residual_base_device=cuda:7"], "--residual_base_device=cuda:7: torch sees"),
+        (["--residual_over=x", "--residual_base_device=gpu"], "is not a device torch knows"),
+        (["--residual_base_device=cpu"], "places the base of --residual_over, and none is given"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_config(["--algo=td3", *args])

@@ -116,3 +116,34 @@ def test_a_pull_during_publishes_never_mixes_two_versions():
     publisher.join(60)
     assert publisher.exitcode == 0
     assert len(pulls) > 10  # the reader really ran while the publisher wrote
+
+
+class _OverFrozen(torch.nn.Module):
+    """A model whose ``base`` never changes in training (as a residual policy's)."""
+
+    frozen_prefixes = ("base.",)
+
+    def __init__(self):
+        super().__init__()
+        self.base, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+
+
+def test_a_frozen_base_is_shared_once_and_pulled_once_by_each_model():
+    learner, actor = _OverFrozen(), _OverFrozen()
+    weights = SharedWeights.allocate(learner)
+    assert weights.frozen == {"base.weight", "base.bias"}
+    base_at_start = learner.base.weight.detach().clone()
+    with torch.no_grad():
+        for t in learner.state_dict().values():
+            t.fill_(2.0)
+    weights.publish(learner, version=1)
+    # The head is published; the base is not copied again (it never changes in a run).
+    assert float(weights.tensors["head.bias"][0]) == 2.0
+    assert torch.equal(weights.tensors["base.weight"], base_at_start)
+    # A model's first pull takes everything, the base included; its later pulls leave its base alone.
+    assert weights.pull(actor) == 1
+    assert torch.equal(actor.base.weight, base_at_start) and float(actor.head.bias[0]) == 2.0
+    with torch.no_grad():
+        actor.base.weight.fill_(7.0)
+    weights.pull(actor)
+    assert float(actor.base.weight[0, 0]) == 7.0 and float(actor.head.bias[0]) == 2.0

@@ -5,6 +5,7 @@ options (``options``, one ``offpolicy`` group) and the rules, defaults and check
 from __future__ import annotations
 
 import psutil
+import torch
 
 from sfengine.algorithms import TRAJECTORIES, Algorithm
 from sfengine.algorithms.offpolicy.options import OffPolicyOptions
@@ -93,12 +94,28 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--demo_ratio={options.demo_ratio} must lie in [0, 1) (the share of demonstration samples)")
     if options.residual_scale <= 0 or options.residual_scale > 2:
         raise ConfigError(f"--residual_scale={options.residual_scale} must lie in (0, 2] (half-ranges of the box)")
+    if options.residual_base_device:
+        check_base_device(options)
     if min(options.critic_warmup_updates, options.residual_penalty, options.bc_weight) < 0:
         raise ConfigError("--critic_warmup_updates, --residual_penalty and --bc_weight must not be negative")
     if options.bc_weight > 0 and not cfg.learner.demos:
         raise ConfigError("--bc_weight pulls the actor toward the demonstrations: give them with --demos=FILE")
     if options.learning_starts < 0:
         raise ConfigError(f"--learning_starts={options.learning_starts} must not be negative")
+
+
+def check_base_device(options) -> None:
+    where = f"--residual_base_device={options.residual_base_device}"
+    if not options.residual_over:
+        raise ConfigError(f"{where} places the base of --residual_over, and none is given: drop it")
+    try:
+        device = torch.device(options.residual_base_device)
+    except RuntimeError:
+        raise ConfigError(f"{where} is not a device torch knows: give cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and (
+        not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()
+    ):
+        raise ConfigError(f"{where}: torch sees {torch.cuda.device_count()} CUDA devices; give one of them or cpu")
 
 
 def check(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:

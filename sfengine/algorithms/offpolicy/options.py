@@ -65,6 +65,11 @@ class OffPolicyOptions:
         "Gaussian clone's sampled actions succeeded more often than its mean) or mode",
         ("sample", "mode"),
     )
+    residual_base_device: str = option(
+        "",
+        "the device the frozen base runs on, where it differs from the policy's (cuda:1: a large base on a GPU of "
+        "its own; cpu); every process that acts or learns keeps a copy there. Default: with the policy",
+    )
     critic_warmup_updates: int = option(
         0, "gradient steps of the critics alone before the actor's first (a critic of the base first, then the actor)"
     )

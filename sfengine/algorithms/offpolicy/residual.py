@@ -8,6 +8,8 @@ bounded correction.
     acts     clip(a + r) to the env's box
 
 With ``--action_chunk=K`` (the base's own) a decision is a chunk: the base's K actions and a correction of each.
+``--residual_base_device`` keeps the base on a device of its own (a large base on a GPU of its own): it stays
+there when the policy moves, its inputs go to it and its outputs come back.
 
 The policy is one module (the base is a frozen submodule), so the inference workers run base and correction
 together, every checkpoint holds both, and ``sfengine.evaluate`` evaluates the pair. The actor and the critics
@@ -85,6 +87,8 @@ class ResidualPolicy:
     correction's box, and the actor's input (the base-normalised observation and the base's action). A subclass
     builds itself in ``over(cfg, obs_spec, action_spec, base)``."""
 
+    frozen_prefixes = ("base.",)  # the base's weights never change: shared once, not at every publish
+
     @classmethod
     def over(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, base: ActorCritic) -> ResidualPolicy:
         raise NotImplementedError
@@ -109,19 +113,39 @@ class ResidualPolicy:
             self.policy_head.weight[:dim] = 0.0
             self.policy_head.bias[:dim] = 0.0
 
+    def place_base(self, device: torch.device) -> None:
+        """The base on ``device`` for good: ``.to()`` of the policy leaves it there."""
+        self.base_device = device
+        self.base.to(device)
+
+    def _apply(self, fn, recurse=True):
+        if getattr(self, "base_device", None) is None:
+            return super()._apply(fn, recurse)
+        base, self._modules["base"] = self._modules["base"], None  # children() skips it; its place is kept
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            self._modules["base"] = base
+
+    def on_base(self, obs: dict[str, Tensor]) -> dict[str, Tensor]:
+        if getattr(self, "base_device", None) is None:
+            return obs
+        return {key: value.to(self.base_device, non_blocking=True) for key, value in obs.items()}
+
     @staticmethod
     def residual_spec(action_spec: ActionSpec, scale: float) -> ActionSpec:
         half = [(h - lo) / 2 * scale for lo, h in zip(action_spec.low, action_spec.high, strict=True)]
         return dataclasses.replace(action_spec, low=tuple(-x for x in half), high=tuple(half))
 
     def base_actions(self, obs: dict[str, Tensor]) -> Tensor:
+        obs = self.on_base(obs)
         with torch.no_grad():
             if self.base.flow_head is not None:
                 actions = self.base.act(obs, deterministic=self.base_mode).actions
             else:  # the policy alone: a clone's value head is not needed here
                 params = self.base.policy_params(obs)
                 actions = (self.base.mode if self.base_mode else self.base.sample)(params)[0]
-        return self.inside_box(actions)
+        return self.inside_box(actions.to(self.env_center.device))
 
     def inside_box(self, actions: Tensor) -> Tensor:
         return torch.maximum(
@@ -146,7 +170,7 @@ class ResidualPolicy:
         return (actions - self.env_center) / self.env_half_range
 
     def critic_features(self, obs: dict[str, Tensor]) -> Tensor:
-        return self.base._inputs(obs)[self.base.vector_name]
+        return self.base._inputs(self.on_base(obs))[self.base.vector_name].to(self.env_center.device)
 
     @property
     def critic_feature_dim(self) -> int:
@@ -168,7 +192,10 @@ def policy_factory(actor: type[ActorCritic], residual: type[ResidualPolicy]) -> 
         options = cfg.algorithm_options
         if not options.residual_over:
             return actor.build(cfg, obs_spec, action_spec)
-        return residual.over(cfg, obs_spec, action_spec, load_base(cfg, obs_spec, action_spec))
+        model = residual.over(cfg, obs_spec, action_spec, load_base(cfg, obs_spec, action_spec))
+        if options.residual_base_device:
+            model.place_base(torch.device(options.residual_base_device))
+        return model
 
     return build
 
