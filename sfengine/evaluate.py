@@ -91,7 +91,7 @@ class EvaluateOptions:
 def locate_checkpoint(argv: list[str]) -> list[str]:
     """With ``--checkpoint=PATH`` and no ``--experiment``, the run is the one the checkpoint belongs to
     (``<train_dir>/<experiment>/checkpoints/<file>``), so its saved config applies."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name in ("--checkpoint", "--experiment", "--train_dir"):
         pre.add_argument(name)
     known, _ = pre.parse_known_args(argv)

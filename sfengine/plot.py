@@ -96,7 +96,9 @@ def run_series(experiment_dir: Path, label: str, color: str | None = None) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sfengine.plot", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sfengine.plot", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     parser.add_argument("--experiment", action="append", required=True, help="a run to plot; repeat for several")
     parser.add_argument("--train_dir", default="train_dir", help="directory that holds experiment directories")
     parser.add_argument(

@@ -148,6 +148,7 @@ def write_preset(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m sfengine.tune",
         description=__doc__.splitlines()[0],
         epilog="Any other option is a python -m sfengine.train option, given to every run and kept in the preset.",

@@ -5,6 +5,7 @@ configs are coerced to the field's type here. It knows nothing of the engine's g
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
@@ -87,10 +88,16 @@ def _coerce(name: str, value: Any, info: OptionInfo) -> Any:
                 raise ValueError(value)
             return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
         if text == "float":
-            return float(value)
+            number = float(value)
+            if math.isnan(number) or (math.isinf(number) and number != info.default):
+                never = "; inf (never) is its default" if math.isinf(info.default) else ""
+                raise ConfigError(f"--{name}={value!r} is not a finite number: give a finite value{never}")
+            return number
         if text == "list":
             items = value if isinstance(value, list) else [v for v in str(value).replace(" ", "").split(",") if v]
             return [int(v) for v in items]
         return str(value)
+    except ConfigError:
+        raise
     except (TypeError, ValueError):
         raise ConfigError(f"--{name}={value!r} is not a valid {text}") from None

@@ -5,6 +5,7 @@ preset or the saved run, ``--init_from``'s architecture, ``--cfg`` and the comma
 from __future__ import annotations
 
 import argparse
+import difflib
 from typing import Any
 
 from sfengine.config.core import (
@@ -31,10 +32,29 @@ TRAIN_DESCRIPTION = (
 )
 
 
+class CommandLineParser(argparse.ArgumentParser):
+    """argparse that takes whole option names only (``--num_worker`` is not ``--num_workers``) and reports a
+    mistake as one line, a ConfigError naming the nearest option, instead of the usage."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        prefix = "unrecognized arguments:"
+        if message.startswith(prefix):
+            known = [option for action in self._actions for option in action.option_strings]
+            words = []
+            for word in message[len(prefix) :].split():
+                close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.75)
+                words.append(f"{word} (did you mean {close[0]}?)" if close else word)
+            message = f"unknown option{'s' if len(words) > 1 else ''} {', '.join(words)}"
+        raise ConfigError(f"{message}; see --help")
+
+
 def build_parser(
     prog: str = "python -m sfengine.train", description: str = TRAIN_DESCRIPTION
 ) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = CommandLineParser(prog=prog, description=description)
     parser.add_argument("--cfg", default=None, help=preset_help())
     table = option_table()
     for group_name in [*GROUPS, *DECLARED_GROUPS]:
@@ -70,7 +90,7 @@ def command_options(options_cls: type, argv: list[str]) -> tuple[Any, list[str]]
     taken out of ``argv``: the filled-in dataclass, validated by its ``validate()`` if it has one, and the rest of
     ``argv``, for ``parse_config``. Add the group to the command's parser with ``add_command_options`` for --help."""
     options = _options_of({options_cls.group: options_cls})
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser = CommandLineParser(add_help=False)
     add_option_group(parser, options_cls.group, options)
     try:
         namespace, rest = parser.parse_known_args(argv)

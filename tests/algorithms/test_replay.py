@@ -157,7 +157,7 @@ def test_n_step_returns_over_chunks_discount_each_by_the_env_steps_before_it():
     entries = torch.arange(T + 1).float()
     batch.obs["obs"][0] = entries[:, None]
     batch.final_obs["obs"][0] = 100 + entries[:, None]
-    batch.rewards[0] = 2.0 ** entries  # each already the chunk's discounted sum, as the rollout writes it
+    batch.rewards[0] = 2.0**entries  # each already the chunk's discounted sum, as the rollout writes it
     batch.chunk_steps[0, :T] = torch.tensor([2, 2, 1, 2, 2])
     batch.truncated[0, 2] = True
     replay = Replay(100, T, OBS_SPEC, CHUNK_SPEC)

@@ -57,9 +57,7 @@ def residual(
 
 @pytest.mark.parametrize("action_spec", [ACTION_SPEC, CHUNK_SPEC], ids=["one action", "chunks of 2"])
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-def test_the_first_actions_are_exactly_the_bases_and_corrections_stay_within_their_bound(
-    base_model, algo, action_spec
-):
+def test_the_first_actions_are_exactly_the_bases_and_corrections_stay_within_their_bound(base_model, algo, action_spec):
     model, cfg = residual(algo, action_spec=action_spec)
     base = load_base(cfg, OBS_SPEC, action_spec)
     obs = {"obs": torch.randn(64, 3) * 3}

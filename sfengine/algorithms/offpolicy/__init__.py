@@ -112,9 +112,7 @@ def check_base_device(options) -> None:
         device = torch.device(options.residual_base_device)
     except RuntimeError:
         raise ConfigError(f"{where} is not a device torch knows: give cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and (
-        not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()
-    ):
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
         raise ConfigError(f"{where}: torch sees {torch.cuda.device_count()} CUDA devices; give one of them or cpu")
 
 
