@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from tensorboardX import SummaryWriter
 
 from sfengine.config import (
     Config,
@@ -61,6 +60,7 @@ from sfengine.learning.behavior_cloning import (
     validation_loss,
 )
 from sfengine.reporting.progress import format_duration
+from sfengine.reporting.writer import TensorBoardWriter
 from sfengine.train import build_model, prepare_experiment_dir, probe_env
 
 LOSS_NAMES = {"gaussian": "negative log-likelihood", "flow": "flow-matching error"}
@@ -191,7 +191,7 @@ def pretrain(
     def validate() -> float | None:
         return validation_loss(model, validation, batch_size, cfg.env.seed) if len(validation) else None
 
-    writer = SummaryWriter(str(cfg.experiment_dir / "tensorboard"), flush_secs=10)
+    writer = TensorBoardWriter(str(cfg.experiment_dir / "tensorboard"), flush_secs=10)
     started = time.time()
     losses: dict[str, list[float | None]] = {"train": [], "validation": [validate()]}
     if losses["validation"][0] is not None:

@@ -7,8 +7,10 @@ accepts it and a resumed run never silently falls back to step 0.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -38,6 +40,18 @@ class CheckpointSaveError(OSError):
     """A checkpoint that could not be written (disk full, no permission): the older ones are untouched."""
 
 
+def write_failure(exc: BaseException, directory: Path) -> str:
+    """Why a write failed, in words: a full disk by name (torch reports one as "enforce fail at
+    inline_container.cc ... unexpected pos"), else the error's first line."""
+    try:
+        free = shutil.disk_usage(directory if directory.is_dir() else directory.parent).free
+    except OSError:
+        free = None
+    if getattr(exc, "errno", None) == errno.ENOSPC or (free is not None and free < 2**20):
+        return "No space left on device" + (f" ({free / 2**20:.1f} MiB free)" if free is not None else "")
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 def save_checkpoint(experiment_dir: Path, state: dict, keep: int) -> Path:
     """Write ``state`` as checkpoint_<version>_<env_steps>.pt through a temp file and a rename; keep the newest.
     A write that fails removes its temp file and raises CheckpointSaveError; no older checkpoint is deleted."""
@@ -53,7 +67,7 @@ def save_checkpoint(experiment_dir: Path, state: dict, keep: int) -> Path:
     except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as RuntimeError
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = write_failure(exc, directory)
         raise CheckpointSaveError(f"cannot write checkpoint {path.name} in {directory} ({reason})") from exc
     for old in list_checkpoints(experiment_dir)[:-keep]:
         old.unlink(missing_ok=True)

@@ -21,7 +21,6 @@ import logging
 import time
 
 from signal_slot.signal_slot import signal
-from tensorboardX import SummaryWriter
 
 from sfengine.config import Config
 from sfengine.engine.distributed import RankInfo
@@ -37,6 +36,7 @@ from sfengine.evaluation.report import EvalReport
 from sfengine.evaluation.training_evaluator import FinalEvaluation
 from sfengine.reporting.reporter import Reporting
 from sfengine.reporting.stats import RunStats
+from sfengine.reporting.writer import TensorBoardWriter
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Runner(Supervision, Reporting, Component):
         self.stop_started = 0.0
         self.exit_code = 0
         self.interrupts = 0
-        self.writer: SummaryWriter | None = None
+        self.writer: TensorBoardWriter | None = None
         self.ranks = RankInfo.from_environment()
         self.leads = self.ranks.rank == 0  # rank 0 prints, and writes TensorBoard and summary.json
         self.stop_asked: tuple[str, float] | None = None  # multi-rank: (reason, when) of a stop not yet agreed
@@ -99,7 +99,7 @@ class Runner(Supervision, Reporting, Component):
 
     def on_start(self) -> None:
         if self.leads:
-            self.writer = SummaryWriter(str(self.cfg.experiment_dir / "tensorboard"), flush_secs=10)
+            self.writer = TensorBoardWriter(str(self.cfg.experiment_dir / "tensorboard"), flush_secs=10)
         self.stats.started = time.time()
         start_watch_and_status_timers(self)
 
@@ -126,6 +126,11 @@ class Runner(Supervision, Reporting, Component):
     def on_learner_report(self, report: LearnerReport) -> None:
         run = self.cfg.run
         self.stats.add_learner_report(report)
+        if report.final and report.stats.get("final_checkpoint_failed"):
+            # The weights trained since the last save that worked are lost: the run cannot say it succeeded.
+            log.error("the final checkpoint could not be written (the learner's line above says why): exit code 1")
+            self.exit_code = max(self.exit_code, 1)
+            self.stop_reason = f"{self.stop_reason or 'stopped'}; the final checkpoint could not be written"
         if self.next_evaluation is not None and report.env_steps >= self.next_evaluation and self.leads:
             every = self.cfg.eval.eval_every_env_steps
             self.next_evaluation = (report.env_steps // every + 1) * every

@@ -264,10 +264,10 @@ class LearnerWorker(Component):
             # Every rank stops at the same point, so one last exchange is safe: it checks the final weights and
             # brings the other ranks' task sequences up to date for the checkpoint.
             _, in_sync = self._exchange(0)
-        self.save()
+        saved = self.save()
         if self.batcher_thread is not None:
             self.batcher.event_loop.stop()
             self.batcher_thread.join(timeout=10)
-        self._report({}, in_sync=in_sync, final=True)
+        self._report({} if saved else {"final_checkpoint_failed": 1.0}, in_sync=in_sync, final=True)
         self.group.close()
         stop_own_loop(self)

@@ -6,6 +6,7 @@ the runner's statistics (``RunStats``) and writer."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -45,6 +46,12 @@ class Reporting:
             + f"  lag {learner.get('policy_lag_mean', float('nan')):.1f}"
             + (f"  env failures {stats.env_failures}" if stats.env_failures else "")
             + (f"  respawns {self.respawner.stats.total}" if self.respawner and self.respawner.stats.total else "")
+            + (f"  tensorboard off ({self.writer.dropped:,} dropped)" if self.writer and self.writer.failure else "")
+            + (
+                f"  checkpoints failing ({learner['checkpoint_save_failures']:.0f})"
+                if learner.get("checkpoint_save_failures")
+                else ""
+            )
             + "".join(
                 f"  env {name.removeprefix('env_').removesuffix('_ms')} {value:{'.1f' if value >= 1 else '.3g'}} ms"
                 for name, value in env_cost.items()
@@ -90,11 +97,25 @@ class Reporting:
             summary["eval"] = self.evaluations
         if not self.leads:
             return summary
-        path = self.cfg.experiment_dir / "summary.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, path)
         if self.writer is not None:
             self._status()  # the learner's statistics since the last status, or a run shorter than one has none
             self.writer.close()
+            if self.writer.failure is not None:
+                summary.update(tensorboard_failure=self.writer.failure, tensorboard_dropped=self.writer.dropped)
+        write_summary(self.cfg.experiment_dir / "summary.json", summary)
         return summary
+
+
+def write_summary(path, summary: dict) -> None:
+    """summary.json through a temp file and a rename; a disk that refuses it is logged, not raised: the run's
+    end (its exit code, its processes' cleanup) must not depend on it."""
+    tmp = path.with_suffix(".json.tmp")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.error(
+            "summary.json not written in %s (%s); the run's figures are in its last status line", path.parent, exc
+        )
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)

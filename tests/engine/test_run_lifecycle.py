@@ -222,7 +222,7 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_last_one_and_the_run_goes
     log = result.stdout + result.stderr
     saved = list(dict.fromkeys(re.findall(r"checkpoint saved: (checkpoint_\d+_\d+\.pt)", log)))
     failures = re.findall(
-        r"cannot write checkpoint (checkpoint_\d+_\d+\.pt) .*\(.*No space left on device\); kept (\S+);", log
+        r"cannot write checkpoint (checkpoint_\d+_\d+\.pt) .*\(No space left on device[^;]*\); kept (\S+);", log
     )
     assert len(failures) == 2, log[-3000:]
     # Each failure kept the newest checkpoint written before it, and the saves after it succeeded again.
@@ -793,3 +793,57 @@ def test_a_stop_during_a_workers_start_up_ends_it_at_once_and_the_run_exits_0(tm
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()
+
+
+# Inside a mount namespace of its own: a 2 MiB tmpfs as --train_dir, filled up once the first checkpoint is saved.
+FULL_DISK_DRIVER = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    directory = sys.argv[1]
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", directory], check=True)
+    run = subprocess.Popen(sys.argv[2:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in run.stdout:
+        lines.append(line)
+        if "checkpoint saved" in line and not any("filled" in seen for seen in lines):
+            with open(directory + "/fill", "wb") as fill:
+                try:
+                    while True:
+                        fill.write(bytes(65536))
+                        fill.flush()
+                except OSError:
+                    pass
+            lines.append("filled\\n")
+    print("".join(lines))
+    print("exit code", run.wait())
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_during_a_run_neither_hangs_it_nor_passes_for_success(tmp_path):
+    """The disk fills after the first checkpoint: TensorBoard's writes stop (one line), the time limit still ends
+    the run, every later save names the full disk, and the exit code says the final checkpoint was not written."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("this machine allows no mount namespace (unshare -rm), so no small disk to fill")
+    directory = tmp_path / "small_disk"
+    directory.mkdir()
+    driver = tmp_path / "driver.py"
+    driver.write_text(FULL_DISK_DRIVER)
+    train = train_command(directory, "full", *FAST, "--train_for_env_steps=100000000", "--train_for_seconds=15")
+    train += ["--save_every_sec=2", "--report_every_sec=1"]
+    started = time.time()
+    result = subprocess.run(
+        ["unshare", "-rm", sys.executable, str(driver), str(directory), *train],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    out = result.stdout + result.stderr
+    assert "exit code 1" in out, out[-3000:]
+    assert time.time() - started < 120, out[-3000:]  # ended by its time limit, not a hang
+    assert re.search(r"cannot write checkpoint \S+ in \S+ \(No space left on device \(0\.\d MiB free\)\)", out)
+    assert "TensorBoard's writer thread died: OSError: [Errno 28] No space left on device" in out
+    assert "writes stopped, its writer thread died" in out and "tensorboard off (" in out
+    assert "the final checkpoint could not be written" in out
+    assert "Traceback" not in out, out[-3000:]
