@@ -41,7 +41,7 @@ from sfengine.config import (
 from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from sfengine.engine.cpu_threads import set_cpu_threads
 from sfengine.engine.distributed import RankInfo
-from sfengine.engine.event_loop import configure_logging
+from sfengine.engine.event_loop import start_command
 from sfengine.engine.messages import EpisodeStats
 from sfengine.engine.sizing import Machine, resolve_auto_options
 from sfengine.env.multitask import TaskInfo
@@ -180,7 +180,7 @@ def gather_episodes(episodes: list[EpisodeStats], ranks: RankInfo) -> list[Episo
 
 def main(argv: list[str] | None = None) -> int:
     ranks = RankInfo.from_environment()
-    configure_logging()
+    start_command()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser("python -m sfengine.evaluate", __doc__.split("\n\n")[0] + " " + EVALUATE_HELP)

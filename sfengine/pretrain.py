@@ -48,7 +48,7 @@ from sfengine.demos.fit import IMAGE_SIZE_OPTION, OBS_MODE_OPTION, check_demos_f
 from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
 from sfengine.engine.cpu_threads import set_cpu_threads
 from sfengine.engine.distributed import RankInfo, rank_device
-from sfengine.engine.event_loop import configure_logging
+from sfengine.engine.event_loop import start_command
 from sfengine.engine.lifecycle import StopSignals
 from sfengine.env.registry import resolve_env_factory
 from sfengine.env.spaces import ActionSpec, ObsSpec
@@ -313,7 +313,7 @@ def checkpoint_state(model, optimizer: torch.optim.Optimizer, cfg: Config, optio
 
 
 def main(argv: list[str] | None = None) -> int:
-    configure_logging()
+    start_command()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser("python -m sfengine.pretrain", __doc__.split("\n\n")[0])

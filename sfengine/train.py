@@ -25,7 +25,7 @@ from sfengine.engine.checkpoint import (
     load_latest_checkpoint,
 )
 from sfengine.engine.distributed import RankInfo
-from sfengine.engine.event_loop import configure_logging
+from sfengine.engine.event_loop import start_command
 from sfengine.engine.sizing import Machine, resolve_auto_options
 from sfengine.env.multitask import TaskInfo, selected_init_states, task_info
 from sfengine.env.registry import EnvFactory, env_context, env_sizer, resolve_env_factory
@@ -187,7 +187,7 @@ def inference_dtype_warning(cfg: Config, obs_spec: ObsSpec) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     ranks = RankInfo.from_environment()
-    configure_logging()
+    start_command()
     try:
         cfg = parse_config(argv)
         factory = resolve_env_factory(cfg.env.env)

@@ -43,7 +43,7 @@ from sfengine.config import (
     parse_config,
 )
 from sfengine.demos.dataset import Demo, DemoWriter, read_demos
-from sfengine.engine.event_loop import die_with_parent
+from sfengine.engine.event_loop import die_with_parent, print_stacks_on_sigusr1
 from sfengine.engine.lifecycle import StopSignals
 from sfengine.engine.sizing import Machine, resolve_auto_options
 from sfengine.env.multitask import TaskInfo
@@ -291,6 +291,7 @@ def write_report(path: Path, reports: list[TaskReport], options: DemosOptions, s
 
 
 def main(argv: list[str] | None = None) -> int:
+    print_stacks_on_sigusr1()
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser("python -m sfengine.demos", DEMOS_HELP)
     add_command_options(parser, DemosOptions)

@@ -86,9 +86,7 @@ class EngineProcess(EventLoopProcess):
         ignore_interrupts()
         set_process_title(self.name)
         configure_logging()
-        # SIGUSR1 prints every thread's Python stack to stderr, even while the process is stuck in C code: the
-        # runner sends it to a hung worker (sfengine.engine.hang_watch), and a user can too (kill -USR1 <pid>).
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        print_stacks_on_sigusr1()
         super()._target()
 
 
@@ -98,6 +96,19 @@ def configure_logging() -> None:
     rank = f"[rank {ranks.rank}]" if ranks.world_size > 1 else ""
     logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][%(process)d]{rank} %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("signal_slot").setLevel(logging.WARNING)
+
+
+def print_stacks_on_sigusr1() -> None:
+    """SIGUSR1 prints every thread's Python stack to stderr and the process goes on, even while it is stuck in C
+    code: the runner sends it to a hung worker (sfengine.engine.hang_watch), and a user can send it to any engine
+    process, the main one included (kill -USR1 <pid>)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def start_command() -> None:
+    """What every command's main process sets up first: the log format and the stacks on SIGUSR1."""
+    configure_logging()
+    print_stacks_on_sigusr1()
 
 
 def die_with_parent() -> None:

@@ -847,3 +847,17 @@ def test_a_disk_that_fills_during_a_run_neither_hangs_it_nor_passes_for_success(
     assert "writes stopped, its writer thread died" in out and "tensorboard off (" in out
     assert "the final checkpoint could not be written" in out
     assert "Traceback" not in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_sigusr1_prints_the_main_processs_stacks_and_the_run_goes_on(train_dir):
+    command = train_command(train_dir, "usr1", *FAST, "--train_for_env_steps=100000000", "--train_for_seconds=6")
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in run.stdout:
+        if line.startswith("["):  # the first status line: the run is under way
+            break
+    run.send_signal(signal.SIGUSR1)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err[-3000:]
+    assert "most recent call first" in err and "sfengine/train.py" in err, err[-3000:]
+    assert read_summary(train_dir, "usr1")["stop_reason"] == "trained for 6 s"
