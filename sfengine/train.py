@@ -27,6 +27,7 @@ from sfengine.engine.checkpoint import (
 from sfengine.engine.distributed import RankInfo
 from sfengine.engine.event_loop import start_command
 from sfengine.engine.sizing import Machine, resolve_auto_options
+from sfengine.env.check import EnvAPIError, check_env_api
 from sfengine.env.multitask import TaskInfo, selected_init_states, task_info
 from sfengine.env.registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.env.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space
@@ -75,7 +76,8 @@ def check_trained_tasks(cfg: Config, tasks: TaskInfo | None, ranks: RankInfo) ->
 
 
 def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, TaskInfo | None]:
-    """Build one env in this process to learn its spaces (and tasks, for a multi-task env), then close it."""
+    """Build one env in this process to learn its spaces (and tasks, for a multi-task env), reset it and play one
+    step to check it keeps gymnasium's API and its spaces (sfengine.env.check), then close it."""
     try:
         env = factory(env_context(cfg, -1, 0, cfg.env.seed))
     except Exception as exc:  # noqa: BLE001  (any failure here is a failure to build the user's env)
@@ -89,8 +91,11 @@ def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, Ta
             raise UnsupportedSpaceError(
                 f"--policy_head=flow generates continuous actions; this env's are {env.action_space}: use a Box env"
             )
-        return obs_spec_from_space(env.observation_space), action_spec, task_info(env)
-    except UnsupportedSpaceError as exc:
+        obs_spec, tasks = obs_spec_from_space(env.observation_space), task_info(env)
+        first = {"task": cfg.env.tasks[0] if cfg.env.tasks else 0, "init_state": 0} if tasks is not None else None
+        check_env_api(env, obs_spec, cfg.env.seed, first)
+        return obs_spec, action_spec, tasks
+    except (UnsupportedSpaceError, EnvAPIError) as exc:
         raise ConfigError(f"env '{cfg.env.env}': {exc}") from None
     finally:
         env.close()

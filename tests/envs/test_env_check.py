@@ -1,0 +1,119 @@
+"""An env that breaks gymnasium's API or its own spaces is one line and exit 2 before any process starts: one reset
+and one step of it are checked in the main process (sfengine.env.check)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from sfengine.env.check import EnvAPIError, check_env_api
+from sfengine.env.spaces import obs_spec_from_space
+
+
+class Toy(gym.Env):
+    """A 3-dim observation, two actions; each variant below breaks one thing."""
+
+    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(3, np.float32), 1.0, False, False, {}
+
+
+class OldGymStep(Toy):
+    def step(self, action):
+        return np.zeros(3, np.float32), 1.0, False, {}
+
+
+class WrongShape(Toy):
+    def step(self, action):
+        return np.zeros(4, np.float32), 1.0, False, False, {}
+
+
+class ResetRaises(Toy):
+    def reset(self, seed=None, options=None):
+        raise RuntimeError("simulator asset missing: table.xml")
+
+
+class ObsOnlyReset(Toy):
+    def reset(self, seed=None, options=None):
+        return np.zeros(3, np.float32)
+
+
+class ArrayReward(Toy):
+    def step(self, action):
+        return np.zeros(3, np.float32), np.ones(2), False, False, {}
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (OldGymStep(), "step() returned 4 values; gymnasium's API returns 5: (obs, reward, terminated, truncated"),
+        (WrongShape(), "step() returned an observation of shape (4,); its observation_space says (3,)"),
+        (ResetRaises(), "reset() raised RuntimeError: simulator asset missing: table.xml"),
+        (ObsOnlyReset(), "reset() returned ndarray array([0., 0., 0.], dtype=float32); gymnasium's API returns"),
+        (ArrayReward(), "step() returned the reward ndarray array([1., 1.]); give one number a step"),
+    ],
+)
+def test_an_env_that_breaks_the_api_is_named_with_the_fix(env, message):
+    with pytest.raises(EnvAPIError) as info:
+        check_env_api(env, obs_spec_from_space(env.observation_space), 0, None)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_an_env_that_keeps_the_api_passes():
+    env = Toy()
+    check_env_api(env, obs_spec_from_space(env.observation_space), 0, None)
+    check_env_api(gym.make("CartPole-v1"), obs_spec_from_space(gym.make("CartPole-v1").observation_space), 0, None)
+
+
+BROKEN_ENV_SCRIPT = textwrap.dedent(
+    """
+    import sys
+
+    import gymnasium as gym
+    import numpy as np
+
+    from sfengine import register_env
+    from sfengine.train import main
+
+
+    class OldGymCartPole(gym.Wrapper):
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            return obs, reward, terminated or truncated, info
+
+
+    def make_old_gym_cartpole(ctx):
+        return OldGymCartPole(gym.make("CartPole-v1"))
+
+
+    register_env("old_gym_cartpole", make_old_gym_cartpole)
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_a_step_of_the_old_gym_api_stops_the_run_before_it_starts(tmp_path):
+    script = tmp_path / "my_train.py"
+    script.write_text(BROKEN_ENV_SCRIPT)
+    command = [sys.executable, str(script), "--env=old_gym_cartpole", f"--train_dir={tmp_path}", "--experiment=old"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        "sfengine.train: error: env 'old_gym_cartpole': step() returned 4 values; gymnasium's API returns 5: (obs, "
+        "reward, terminated, truncated, info) (the old gym API's done is terminated or truncated: a time limit is a "
+        "truncation)"
+    ]
+    assert not (tmp_path / "old").exists()
