@@ -63,6 +63,7 @@ class WorkerReport(NamedTuple):
     env_reset_sec: float = 0.0  # the part of env_step_sec spent in env.reset
     finished: bool = False  # evaluation: every env found the episode set exhausted and ended its last episode
     inference: InferenceReport | None = None  # --num_inference_workers=0: the worker's own acting in this window
+    nonfinite_steps: int = 0  # env steps whose observation or reward was NaN or infinite (episodes dropped)
 
 
 class LearnerReport(NamedTuple):

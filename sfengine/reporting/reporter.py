@@ -45,6 +45,7 @@ class Reporting:
             + (f"  success {summary['success_rate']:.2f}" if "success_rate" in summary else "")
             + f"  lag {learner.get('policy_lag_mean', float('nan')):.1f}"
             + (f"  env failures {stats.env_failures}" if stats.env_failures else "")
+            + (f"  non-finite env steps {stats.nonfinite_env_steps:,}" if stats.nonfinite_env_steps else "")
             + (f"  respawns {self.respawner.stats.total}" if self.respawner and self.respawner.stats.total else "")
             + (f"  tensorboard off ({self.writer.dropped:,} dropped)" if self.writer and self.writer.failure else "")
             + (

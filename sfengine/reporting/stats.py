@@ -36,6 +36,9 @@ class EnvCost:
         return means
 
 
+NONFINITE_WINDOW_STEPS = 1000  # env steps over which the share of non-finite ones is judged
+
+
 class RunStats:
     def __init__(self, stats_window: int, initial_env_steps: int, task_names: list[str] | None = None):
         self.started = time.time()
@@ -44,6 +47,8 @@ class RunStats:
         self.policy_version = 0
         self.episodes = 0
         self.env_failures = 0
+        self.nonfinite_env_steps = 0
+        self.nonfinite_window = [0, 0]  # (non-finite steps, env steps) since the last check of their share
         self.returns: deque[float] = deque(maxlen=stats_window)
         self.lengths: deque[int] = deque(maxlen=stats_window)
         self.successes: deque[float] = deque(maxlen=stats_window)
@@ -73,6 +78,9 @@ class RunStats:
     def add_worker_report(self, report: WorkerReport) -> None:
         self.add_episodes(report.episodes)
         self.env_failures += report.env_failures
+        self.nonfinite_env_steps += report.nonfinite_steps
+        self.nonfinite_window[0] += report.nonfinite_steps
+        self.nonfinite_window[1] += report.env_steps
         for cost in (self.env_cost, self.env_cost_total):
             cost.add(report)
         self.worker_env += report.env_step_sec
@@ -178,6 +186,20 @@ class RunStats:
             return None
         return round((self.last_batch[1] - self.first_batch[1]) / (self.last_batch[0] - self.first_batch[0]), 1)
 
+    def nonfinite_dominates(self, at_least: int = NONFINITE_WINDOW_STEPS) -> str | None:
+        """Why the run should stop, once at least ``at_least`` env steps show more than half of them non-finite;
+        None otherwise (each window of that many steps is judged on its own)."""
+        nonfinite, steps = self.nonfinite_window
+        if steps < at_least:
+            return None
+        self.nonfinite_window = [0, 0]
+        if nonfinite <= steps / 2:
+            return None
+        return (
+            f"the env returned NaN or infinite observations or rewards in {nonfinite:,} of its last {steps:,} steps "
+            "(their episodes are not learned from): fix the env, or clean its values in a wrapper"
+        )
+
     def summary(self) -> dict:
         wall = time.time() - self.started
         summary = {
@@ -188,6 +210,7 @@ class RunStats:
             "fps_steady": self._steady_fps(),
             "episodes": self.episodes,
             "env_failures": self.env_failures,
+            "nonfinite_env_steps": self.nonfinite_env_steps,
             "episode_return_mean": float(np.mean(self.returns)) if self.returns else None,
             "episode_len_mean": float(np.mean(self.lengths)) if self.lengths else None,
             "policy_lag_mean": self.lag_sum / self.lag_count if self.lag_count else None,

@@ -135,6 +135,22 @@ class ListSource(EpisodeSource):
         return evaluation_start(self.pending.pop(0), None) if self.pending else None
 
 
+NONFINITE_LOGGED = 3  # lines an EnvGroup logs about non-finite values; the rest are counted
+
+
+def all_finite(obs) -> bool:
+    """No NaN or infinity in a (dict) observation's float arrays. A small array is checked as a Python list (0.2 us
+    for CartPole's 4 values, against 1.5 us for numpy's isfinite: this runs at every env step)."""
+    if isinstance(obs, dict):
+        return all(all_finite(value) for value in obs.values())
+    array = obs if isinstance(obs, np.ndarray) else np.asarray(obs)
+    if array.dtype.kind != "f":
+        return True
+    if array.size <= 64:
+        return all(map(math.isfinite, (array if array.ndim == 1 else array.ravel()).tolist()))
+    return bool(np.isfinite(array).all())
+
+
 class EnvGroup:
     """``len(contexts)`` envs, built by ``factory``, their episodes from ``source``. ``gamma`` discounts a chunk's
     rewards to its first step; ``videos``: where recorded episodes go (evaluation); ``stepping``: a one-element
@@ -166,6 +182,8 @@ class EnvGroup:
         self.obs: list[dict | None] = [None] * n  # what each env shows now
         self.finished: list[EpisodeStats] = []  # since the owner last took them
         self.failures = self.steps_taken = self.resets = 0
+        self.nonfinite = 0  # steps whose observation or reward was NaN or infinite (their episodes dropped)
+        self.nonfinite_logged = 0
         self.step_sec = self.reset_sec = 0.0
 
     def __len__(self) -> int:
@@ -195,6 +213,11 @@ class EnvGroup:
         self.reset_sec += time.perf_counter() - started
         self.resets += 1
         self.obs[i] = obs = obs_as_dict(obs)
+        if not all_finite(obs):  # nothing to drop yet: the values are masked, and counted
+            self._count_nonfinite(i, "its reset")
+            self.obs[i] = obs = {
+                key: np.nan_to_num(value, nan=0.0, posinf=0.0, neginf=0.0) for key, value in obs.items()
+            }
         return obs
 
     def step(self, actions: np.ndarray) -> None:
@@ -223,6 +246,12 @@ class EnvGroup:
                     obs, reward, term, trunc, info = env.step(actions[i, j] if chunk > 1 else actions[i])
                 except Exception:  # noqa: BLE001  (a simulator failure costs one episode, never the run)
                     obs = self._replace_failed(i)
+                    self.truncated[i] = True
+                    self.ended.append((i, None))
+                    reward_sum = 0.0
+                    break
+                if not (math.isfinite(reward) and all_finite(obs)):
+                    obs = self._drop_nonfinite(i, reward)
                     self.truncated[i] = True
                     self.ended.append((i, None))
                     reward_sum = 0.0
@@ -266,6 +295,25 @@ class EnvGroup:
             self.output.write_video(self.videos.pop(i), episode)
         self.returns[i], self.lengths[i] = 0.0, 0
         return episode
+
+    def _drop_nonfinite(self, i: int, reward: float) -> dict | None:
+        """A step whose observation or reward is NaN or infinite: its episode is dropped as a failed step's is
+        (for learning, cut at the last good observation), and the env starts its next one."""
+        self._count_nonfinite(i, f"a step (reward {reward})")
+        self.returns[i], self.lengths[i] = 0.0, 0
+        self.videos.pop(i, None)
+        return self.reset(i)
+
+    def _count_nonfinite(self, i: int, where: str) -> None:
+        self.nonfinite += 1
+        self.nonfinite_logged += 1
+        if self.nonfinite_logged <= NONFINITE_LOGGED:
+            log.warning(
+                "%s: %s returned a NaN or infinite value; its episode is not learned from%s",
+                self.describe(i),
+                where,
+                "" if self.nonfinite_logged < NONFINITE_LOGGED else " (further ones are counted, not logged)",
+            )
 
     def _replace_failed(self, i: int) -> dict | None:
         """Rebuild an env whose step raised, drop its episode from the statistics, and start the next."""

@@ -416,10 +416,11 @@ class RolloutWorker(Component):
                 sum(group.reset_sec for group in groups),
                 finished,
                 self.policy.take_report(self.worker) if self.policy is not None else None,
+                sum(group.nonfinite for group in groups),
             )
         )
         for group in groups:
-            group.failures = group.steps_taken = group.resets = 0
+            group.failures = group.steps_taken = group.resets = group.nonfinite = 0
             group.step_sec = group.reset_sec = 0.0
         self.start_sec = self.busy_sec = 0.0
         self.window_start = now
