@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -60,6 +58,7 @@ from sfengine.learning.behavior_cloning import (
     validation_loss,
 )
 from sfengine.reporting.progress import format_duration
+from sfengine.reporting.reporter import write_summary
 from sfengine.reporting.writer import TensorBoardWriter
 from sfengine.train import build_model, prepare_experiment_dir, probe_env
 
@@ -271,9 +270,7 @@ def pretrain(
         "stop_reason": stop_reason,
         "exit_code": 0,
     }
-    summary_path = cfg.experiment_dir / "summary.json"
-    summary_path.with_suffix(".json.tmp").write_text(json.dumps(summary, indent=2))
-    os.replace(summary_path.with_suffix(".json.tmp"), summary_path)
+    write_summary(cfg.experiment_dir / "summary.json", summary)
     return summary
 
 

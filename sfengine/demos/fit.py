@@ -4,6 +4,8 @@ env's spaces before anything starts. ``sfengine.pretrain`` clones them; the off-
 
 from __future__ import annotations
 
+import numpy as np
+
 from sfengine.config import GROUP_OWNERS, Config, ConfigError, option_table
 from sfengine.demos.dataset import DemoSet, read_demos
 from sfengine.env.spaces import ActionSpec, ObsSpec
@@ -24,9 +26,27 @@ def read_demo_files(paths: str, env: str | None, obs_mode: str | None, image_siz
     if image_size is None:
         image_size = int(option_table()[IMAGE_SIZE_OPTION].default)
     try:
-        return read_demos(files, env=env, obs_mode=obs_mode, image_size=image_size)
+        demo_set = read_demos(files, env=env, obs_mode=obs_mode, image_size=image_size)
     except (OSError, ValueError) as exc:  # DemoFileError is a ValueError
         raise ConfigError(f"--demos: {exc}") from None
+    check_finite(demo_set)
+    return demo_set
+
+
+def check_finite(demo_set: DemoSet) -> None:
+    """No NaN or infinity in any demonstration's actions, rewards or float observations: one of them would turn
+    every weight of a clone (or a critic) into NaN."""
+    for index, demo in enumerate(demo_set.demos):
+        named = [("actions", demo.actions), ("rewards", demo.rewards)]
+        named += [(f"observation '{key}'", values) for key, values in demo.obs.items()]
+        for what, values in named:
+            values = np.asarray(values)
+            if values.dtype.kind == "f" and not np.isfinite(values).all():
+                step = int(np.argwhere(~np.isfinite(values))[0][0])
+                raise ConfigError(
+                    f"--demos: demonstration {index} has a NaN or infinite value in its {what} at step {step}: fix "
+                    "it or drop that demonstration"
+                )
 
 
 def read_run_demos(cfg: Config) -> DemoSet:

@@ -94,10 +94,9 @@ def load_checkpoint(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001  (any failure to read the file means the same to the user)
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
-            f"cannot load checkpoint {path} ({first_line}); delete it to fall back to an older one, or start over "
-            "with --restart_behavior=restart"
+            f"cannot load checkpoint {path} ({read_failure(exc)}); delete it to fall back to an older one, or start "
+            "over with --restart_behavior=restart"
         ) from None
     required = ("format_version", "model", "optimizer", "env_steps", "policy_version")
     if not isinstance(state, dict) or any(key not in state for key in required):
@@ -106,7 +105,22 @@ def load_checkpoint(path: Path) -> dict:
         raise CheckpointError(
             f"checkpoint {path} has format {state['format_version']}, this sfengine reads {FORMAT_VERSION}"
         )
+    for name, tensor in state["model"].items():
+        if torch.is_tensor(tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(
+                f"checkpoint {path} holds NaN or infinite weights ({name}): the run that wrote it diverged, and "
+                "nothing can be trained or evaluated from it; give an earlier checkpoint"
+            )
     return state
+
+
+def read_failure(exc: BaseException) -> str:
+    """Why torch could not read a file, in a few words. torch's own text for a file that is no checkpoint advises
+    loading it with weights_only=False, which runs whatever the file holds: not repeated here."""
+    text = str(exc).strip()
+    if "Weights only load failed" in text or "zip archive" in text or isinstance(exc, EOFError):
+        return "not a checkpoint file: damaged, cut short, or never one"
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def load_latest_checkpoint(experiment_dir: Path) -> dict | None:

@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterable
 from queue import Full
 
@@ -102,7 +103,12 @@ def print_stacks_on_sigusr1() -> None:
     """SIGUSR1 prints every thread's Python stack to stderr and the process goes on, even while it is stuck in C
     code: the runner sends it to a hung worker (sfengine.engine.hang_watch), and a user can send it to any engine
     process, the main one included (kill -USR1 <pid>)."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    stream = sys.stderr
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr captured in memory (a command run in-process)
+        stream = sys.__stderr__
+    faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
 
 
 def start_command() -> None:

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import multiprocessing
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from sfengine.learning.batcher import buffers_released_signal
 from sfengine.learning.learner_worker import LearnerWorker
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.reporting.progress import end_summary
+from sfengine.reporting.reporter import json_text
 from sfengine.tasks.scheduler import TaskSchedule, shard_pairs
 from sfengine.tasks.seeding import task_sequence_seed
 from sfengine.tasks.sequence import GROUP_SEEDS_PER_RANK, SharedTaskSequence
@@ -186,7 +186,7 @@ def run(
     summary = runner.finish()
     if runner.leads:
         print(end_summary(cfg, summary), flush=True)
-        print(json.dumps(summary), flush=True)
+        print(json_text(summary, indent=None), flush=True)
     return runner.exit_code
 
 

@@ -11,7 +11,6 @@ Success rates carry a 95% Wilson score interval: with 50 episodes a task at 0.9 
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from sfengine.engine.messages import EpisodeStats
 from sfengine.evaluation.episode_queue import SINGLE_TASK
+from sfengine.reporting.reporter import json_text
 
 Z_95 = 1.959964
 
@@ -125,7 +125,7 @@ class EvalReport:
             "tasks": [group.as_dict() for group in self.tasks],
             "episodes": [self._row(e) for e in self.episodes],
         }
-        write_atomic(directory / "results.json", json.dumps(data, indent=2))
+        write_atomic(directory / "results.json", json_text(data))
         tmp = directory / ".results.csv.tmp"
         with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=["task", "task_index", "init_state", "success", "return", "length"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 
 from sfengine.reporting.progress import progress
@@ -107,12 +108,28 @@ class Reporting:
         return summary
 
 
+def json_text(data, indent: int | None = 2) -> str:
+    """``data`` as strict JSON: a NaN or infinite number (a loss that diverged) becomes null, which every JSON
+    reader takes, where Python's bare NaN is not JSON."""
+
+    def finite(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: finite(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [finite(item) for item in value]
+        return value
+
+    return json.dumps(finite(data), indent=indent, allow_nan=False)
+
+
 def write_summary(path, summary: dict) -> None:
     """summary.json through a temp file and a rename; a disk that refuses it is logged, not raised: the run's
     end (its exit code, its processes' cleanup) must not depend on it."""
     tmp = path.with_suffix(".json.tmp")
     try:
-        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.write_text(json_text(summary))
         os.replace(tmp, path)
     except OSError as exc:
         log.error(

@@ -143,12 +143,22 @@ def test_training_from_the_clone_keeps_its_policy_bit_identical_through_critic_w
         ([], "(its run was on --env=sparse_reach)"),  # the default env, CartPole-v1
         (["--env=sparse_reach", "--hidden_sizes=32"], "does not fit env 'sparse_reach'"),
         (["--env=sparse_reach", "--init_from=no_such_run"], "no checkpoint file, and no experiment"),
+        (["--env=sparse_reach", "--init_from=diverged"], "holds NaN or infinite weights (policy_head.weight)"),
+        (["--env=sparse_reach", "--init_from=noise.pt"], "(not a checkpoint file: damaged, cut short, or never one)"),
     ],
 )
 def test_a_checkpoint_that_does_not_fit_is_a_one_line_error(cloned, capsys, args, message):
+    # A clone whose weights went NaN, and a file of random bytes named as a checkpoint.
+    state = torch.load(list_checkpoints(cloned / "bc")[-1], weights_only=True)
+    state["model"]["policy_head.weight"][0, 0] = float("nan")
+    (cloned / "diverged" / "checkpoints").mkdir(parents=True, exist_ok=True)
+    torch.save(state, cloned / "diverged" / "checkpoints" / "checkpoint_000000001_1.pt")
+    (cloned / "diverged" / "config.json").write_text((cloned / "bc" / "config.json").read_text())
+    (cloned / "noise.pt").write_bytes(np.random.default_rng(0).bytes(4096))
+    args = [arg.replace("noise.pt", str(cloned / "noise.pt")) for arg in args]
     code = train.main([f"--train_dir={cloned}", "--experiment=misfit", "--init_from=bc", *args])
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 2 and "weights_only" not in err
     assert err.startswith("sfengine.train: error: --init_from") and err.count("\n") == 1 and message in err, err
     assert not (cloned / "misfit").exists()
 
@@ -191,7 +201,11 @@ def test_bad_demonstrations_or_a_taken_experiment_exit_2_with_one_line(demo_file
     wrong_actions = scripted_demos(4)
     wrong_actions.demos[2].actions = wrong_actions.demos[2].actions[:, :1]
     write_demos(tmp_path / "wrong.hdf5", wrong_actions)
+    nan_action = scripted_demos(4)
+    nan_action.demos[1].actions[2, 0] = np.nan  # one NaN would make every weight of the clone NaN
+    write_demos(tmp_path / "nan.hdf5", nan_action)
     cases = [
+        (tmp_path / "nan.hdf5", [], "demonstration 1 has a NaN or infinite value in its actions at step 2"),
         (
             tmp_path / "wrong.hdf5",
             [],

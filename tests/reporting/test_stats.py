@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 
+import pytest
+
 from sfengine.engine.messages import EpisodeStats
+from sfengine.reporting.reporter import json_text
 from sfengine.reporting.stats import RunStats
 
 
@@ -33,3 +37,13 @@ def test_a_success_target_reads_the_success_of_the_window():
         "the mean success of the last 4 episodes, 0.750, reached --stop_at_success=0.75"
     )
     assert stats.target_reached(0.0, math.inf).startswith("the mean return of the last 4 episodes, 0.5")
+
+
+def test_summaries_are_strict_json_where_a_loss_diverged():
+    text = json_text({"loss": math.nan, "curve": [1.0, math.inf], "nested": {"x": -math.inf}, "n": 3})
+    assert json.loads(text, parse_constant=lambda name: pytest.fail(f"bare {name}")) == {
+        "loss": None,
+        "curve": [1.0, None],
+        "nested": {"x": None},
+        "n": 3,
+    }
