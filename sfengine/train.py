@@ -6,6 +6,8 @@ env name, checkpoint). Bad input is reported on one line.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import shutil
@@ -23,6 +25,7 @@ from sfengine.engine.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     load_latest_checkpoint,
+    write_failure,
 )
 from sfengine.engine.distributed import RankInfo
 from sfengine.engine.event_loop import start_command
@@ -37,6 +40,7 @@ from sfengine.numpy_backend.step import choose_learner_backend
 from sfengine.reporting.progress import start_block
 
 log = logging.getLogger("sfengine")
+MIN_FREE_MIB = 16  # a run's config, first checkpoints and event files
 
 
 def prepare_experiment_dir(cfg: Config, ranks: RankInfo) -> dict | None:
@@ -53,9 +57,27 @@ def prepare_experiment_dir(cfg: Config, ranks: RankInfo) -> dict | None:
         directory.rename(aside)
         print(f"previous run of '{cfg.run.experiment}' moved to {aside}", flush=True)
     resume_state = load_latest_checkpoint(directory) if behavior == "resume" else None
-    directory.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, directory / "config.json")
+    existed = directory.is_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, directory / "config.json")
+        check_room(directory)
+    except OSError as exc:
+        if not existed:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(directory)  # nothing of a run that did not start stays behind
+        raise ConfigError(
+            f"--train_dir={cfg.run.train_dir}: cannot write the run's files in {directory} ({write_failure(exc, directory)}); "
+            "give a directory you can write to, on a disk with room"
+        ) from None
     return resume_state
+
+
+def check_room(directory) -> None:
+    """A run needs room for its checkpoints: a disk with under MIN_FREE_MIB free is refused at start."""
+    free = shutil.disk_usage(directory).free
+    if free < MIN_FREE_MIB * 2**20:
+        raise OSError(errno.ENOSPC, f"{free / 2**20:.1f} MiB free")
 
 
 def check_trained_tasks(cfg: Config, tasks: TaskInfo | None, ranks: RankInfo) -> None:

@@ -1,4 +1,5 @@
 import json
+import os
 import re
 import subprocess
 import sys
@@ -309,3 +310,22 @@ def test_a_run_once_restarted_resumes_when_started_again_without_the_flag(tmp_pa
     save_config(cfg, cfg.experiment_dir / "config.json")
     assert parse_config([f"--train_dir={tmp_path}"]).run.restart_behavior == "resume"
     assert parse_config([f"--train_dir={tmp_path}", "--restart_behavior=overwrite"]).run.restart_behavior == "overwrite"
+
+
+def test_a_train_dir_that_cannot_hold_the_run_is_one_line_and_leaves_nothing(tmp_path, capsys):
+    from sfengine import train
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    for train_dir, reason in [(a_file, "Not a directory"), (locked, "Permission denied")]:
+        if reason == "Permission denied" and os.geteuid() == 0:
+            continue  # root writes anywhere
+        code = train.main(["--env=CartPole-v1", f"--train_dir={train_dir}", "--experiment=e"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"--train_dir={train_dir}: cannot write the run's files in {train_dir / 'e'} (" in err and reason in err
+        assert "give a directory you can write to, on a disk with room" in err
+    assert not (locked / "e").exists() and not list(tmp_path.rglob("*.tmp"))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -144,5 +145,10 @@ def save_config(cfg: Config, path: Path) -> None:
     # An option still at auto (a run that sized nothing: sfengine.pretrain) is written as "auto", which loads back.
     data = {name: {k: "auto" if v is AUTO else v for k, v in group.items()} for name, group in cfg.to_dict().items()}
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)  # no empty config.json.tmp left behind
+        raise

@@ -795,12 +795,12 @@ def test_a_stop_during_a_workers_start_up_ends_it_at_once_and_the_run_exits_0(tm
     assert leaked_shm(shm_before) == set()
 
 
-# Inside a mount namespace of its own: a 2 MiB tmpfs as --train_dir, filled up once the first checkpoint is saved.
+# Inside a mount namespace of its own: a 20 MiB tmpfs as --train_dir, filled up once the first checkpoint is saved.
 FULL_DISK_DRIVER = textwrap.dedent(
     """
     import subprocess, sys, time
     directory = sys.argv[1]
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", directory], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", directory], check=True)
     run = subprocess.Popen(sys.argv[2:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in run.stdout:
