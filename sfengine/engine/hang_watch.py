@@ -32,6 +32,8 @@ from sfengine.config import Config
 from sfengine.engine.buffers import NO_ENV, SplitState
 
 LEARNER_TIMEOUT_FACTOR = 10  # a learner update or save is hung after this many times its longest so far
+# While a run stops, a worker counts as hung only once silent this long (and --hang_timeout_sec).
+STOPPING_SILENCE_SEC = 10.0
 
 
 class HangWatch:
@@ -54,12 +56,14 @@ class HangWatch:
         """A respawned component is watched again from its first report, as at the start."""
         self.last_heard.pop(component, None)
 
-    def hung(self, among: Collection[str] | None = None) -> str | None:
-        """The first watched component (of ``among``, if given) silent for longer than the timeout, or None."""
+    def hung(self, among: Collection[str] | None = None, stopping: bool = False) -> str | None:
+        """The first watched component (of ``among``, if given) silent for longer than the timeout, or None. While
+        the run stops the silence must also pass STOPPING_SILENCE_SEC: a worker that took the stop goes quiet as
+        its process ends, which can take a second or two."""
         if not self.timeout:
             return None
-        now = time.monotonic()
-        silent = (name for name, heard in self.last_heard.items() if now - heard > self.timeout)
+        now, timeout = time.monotonic(), max(self.timeout, STOPPING_SILENCE_SEC) if stopping else self.timeout
+        silent = (name for name, heard in self.last_heard.items() if now - heard > timeout)
         return next((name for name in silent if among is None or name in among), None)
 
     def learner_hung(self) -> str | None:

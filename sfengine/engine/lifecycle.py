@@ -81,6 +81,12 @@ def install_signal_handlers(runner: Component) -> dict:
         for p in runner.processes:
             if p.is_alive():
                 p.kill()
+        forced_summary = getattr(runner, "forced_summary", None)
+        if forced_summary is not None:
+            try:
+                forced_summary(f"forced by a second {os_signal.Signals(signum).name}", 130)
+            except Exception:  # noqa: BLE001 - the exit is forced: nothing may hold it
+                pass
         os._exit(130)
 
     previous = {}

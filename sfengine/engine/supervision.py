@@ -193,7 +193,7 @@ class Supervision:
         # Only a running learner: one already ended keeps its clock's open update, and would be ended every tick.
         if "learner" in running and (stuck := self.hang_watch.learner_hung()):
             return stuck, None
-        component = self.hang_watch.hung(among=running)
+        component = self.hang_watch.hung(among=running, stopping=True)
         return (self.hang_watch.describe(component), running[component]) if component else None
 
     def _end_hung_while_stopping(self, description: str, process: EngineProcess | None) -> None:

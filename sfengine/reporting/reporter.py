@@ -91,6 +91,7 @@ class Reporting:
 
     def finish(self) -> dict:
         """Write summary.json (rank 0) and close TensorBoard; called once the loop has exited."""
+        self.judge_progress()
         summary = self.stats.summary()
         summary.update(stop_reason=self.stop_reason, exit_code=self.exit_code, world_size=self.ranks.world_size)
         if self.respawner is not None:
@@ -106,6 +107,34 @@ class Reporting:
                 summary.update(tensorboard_failure=self.writer.failure, tensorboard_dropped=self.writer.dropped)
         write_summary(self.cfg.experiment_dir / "summary.json", summary)
         return summary
+
+    def judge_progress(self) -> None:
+        """A run stopped by its clock (not by the user) that learned from no env step did not succeed, whatever
+        kept it from them (workers that crashed at every start, an env too slow to fill one batch): exit code 1."""
+        stats = self.stats
+        if self.exit_code or self.interrupts or stats.env_steps > stats.initial_env_steps:
+            return
+        if stats.env_steps >= self.cfg.run.train_for_env_steps:
+            return  # resumed at its step target: nothing was left to do
+        if stats.sampled_env_steps == 0:
+            why = "the rollout workers took no env step (the lines above say why)"
+        else:
+            why = (
+                f"{stats.sampled_env_steps:,} env steps were sampled and no training batch "
+                f"({self.cfg.samples_per_training_batch:,} samples) was complete: give it more time"
+            )
+        self.exit_code = 1
+        self.stop_reason = f"{self.stop_reason or 'stopped'}; no env step was learned from: {why}"
+        log.error("the run learned from no env step, exit code 1: %s", why)
+
+    def forced_summary(self, reason: str, exit_code: int) -> None:
+        """summary.json at a forced exit (a second SIGINT): what the statistics hold now, without waiting for
+        anything (TensorBoard is not closed)."""
+        if not self.leads:
+            return
+        summary = self.stats.summary()
+        summary.update(stop_reason=reason, exit_code=exit_code, world_size=self.ranks.world_size)
+        write_summary(self.cfg.experiment_dir / "summary.json", summary)
 
 
 def json_text(data, indent: int | None = 2) -> str:

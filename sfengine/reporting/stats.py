@@ -48,6 +48,7 @@ class RunStats:
         self.episodes = 0
         self.env_failures = 0
         self.nonfinite_env_steps = 0
+        self.sampled_env_steps = 0  # env.step calls of this run's rollout workers, learned from or not
         self.nonfinite_window = [0, 0]  # (non-finite steps, env steps) since the last check of their share
         self.returns: deque[float] = deque(maxlen=stats_window)
         self.lengths: deque[int] = deque(maxlen=stats_window)
@@ -81,6 +82,7 @@ class RunStats:
         self.nonfinite_env_steps += report.nonfinite_steps
         self.nonfinite_window[0] += report.nonfinite_steps
         self.nonfinite_window[1] += report.env_steps
+        self.sampled_env_steps += report.env_steps
         for cost in (self.env_cost, self.env_cost_total):
             cost.add(report)
         self.worker_env += report.env_step_sec

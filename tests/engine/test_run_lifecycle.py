@@ -243,9 +243,15 @@ def test_train_for_seconds_stops_the_run_cleanly_on_time(train_dir):
     result = run_train(
         train_dir, "timed", *FAST, "--train_for_env_steps=100000000", "--train_for_seconds=3", timeout=120
     )
-    assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "timed")
-    assert summary["stop_reason"] == "trained for 3 s" and summary["exit_code"] == 0
+    # A run that learned from no env step in its 3 s (a loaded machine) says so with exit code 1.
+    learned = summary["env_steps_this_run"] > 0
+    assert result.returncode == summary["exit_code"] == (0 if learned else 1), result.stderr[-3000:]
+    assert (
+        summary["stop_reason"] == "trained for 3 s"
+        if learned
+        else "; no env step was learned from: " in summary["stop_reason"]
+    )
     assert 3 <= summary["wall_seconds"] < time.time() - started
     assert "Traceback" not in result.stderr
 
@@ -403,6 +409,8 @@ def test_second_sigint_forces_the_exit_and_leaves_no_process(train_dir):
     output = process.communicate(timeout=60)[0]
     assert process.returncode == 130, output
     assert "forced exit" in output
+    summary = read_summary(train_dir, "forced")  # written at every exit, a forced one too
+    assert summary["stop_reason"] == "forced by a second SIGINT" and summary["exit_code"] == 130
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()
@@ -861,3 +869,53 @@ def test_sigusr1_prints_the_main_processs_stacks_and_the_run_goes_on(train_dir):
     assert run.returncode == 0, err[-3000:]
     assert "most recent call first" in err and "sfengine/train.py" in err, err[-3000:]
     assert read_summary(train_dir, "usr1")["stop_reason"] == "trained for 6 s"
+
+
+@pytest.mark.slow
+def test_a_healthy_worker_is_not_taken_for_hung_while_the_run_stops(train_dir):
+    # A worker that took the stop goes quiet while its process ends: with a 1 s hang timeout it was flagged and
+    # killed at every stop.
+    result = run_train(train_dir, "quiet", *FAST, "--train_for_env_steps=16384", "--hang_timeout_sec=1", timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "as the run is stopping" not in result.stderr, result.stderr[-3000:]
+
+
+# Every env a rollout worker builds fails: the workers die at every start and are respawned, and the main
+# process's own env (worker index -1) is fine.
+CRASHING_WORKERS_SCRIPT = textwrap.dedent(
+    """
+    import sys
+
+    import gymnasium as gym
+
+    from sfengine import register_env
+    from sfengine.train import main
+
+
+    def make_broken_in_workers(ctx):
+        if ctx.worker_index >= 0:
+            raise RuntimeError("the simulator's license server is unreachable")
+        return gym.make("CartPole-v1")
+
+
+    register_env("broken_in_workers", make_broken_in_workers)
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_run_that_learned_from_nothing_does_not_exit_0(tmp_path, train_dir):
+    script = tmp_path / "crashing.py"
+    script.write_text(CRASHING_WORKERS_SCRIPT)
+    command = [sys.executable, str(script), *train_command(train_dir, "nothing", *FAST, "--train_for_seconds=8")[3:]]
+    result = subprocess.run([*command, "--env=broken_in_workers"], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1, result.stderr[-3000:]
+    summary = read_summary(train_dir, "nothing")
+    assert summary["env_steps_this_run"] == 0 and summary["exit_code"] == 1
+    assert summary["stop_reason"].endswith(
+        "no env step was learned from: the rollout workers took no env step (the lines above say why)"
+    ), summary["stop_reason"]
+    assert "the simulator's license server is unreachable" in result.stderr
