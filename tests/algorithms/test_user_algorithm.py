@@ -1,4 +1,4 @@
-"""A user's own algorithm through ``register_algorithm`` and ``--algo``: the README's A2C, run as it stands."""
+"""A user's own algorithm through ``register_algorithm`` and ``--algo``: the A2C of docs/extending.md, run as it stands."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 
 from helpers import reached_target, read_summary
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+EXTENDING = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 A2C = ["--algo=a2c", "--env=CartPole-v1", "--async_rl=false", "--rollout=8", "--batch_size=128"]
 A2C.append("--num_batches_per_epoch=1")
 
 
 def readme_a2c(tmp_path: Path) -> Path:
-    """The README's user-algorithm script (the python block that starts with ``# train_a2c.py``), written out."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    """The user-algorithm script of docs/extending.md (the python block that starts with ``# train_a2c.py``), written out."""
+    blocks = re.findall(r"```python\n(.*?)```", EXTENDING.read_text(), flags=re.S)
     (example,) = [block for block in blocks if block.startswith("# train_a2c.py")]
     assert len(example.splitlines()) < 100
     script = tmp_path / "train_a2c.py"

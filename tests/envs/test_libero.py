@@ -69,7 +69,7 @@ def test_first_task_of_each_suite_resets_to_an_init_state_and_steps(suite):
         env.close()
 
 
-# The published evaluation convention (DESIGN §9, openvla-oft): results are only comparable at these limits.
+# The published evaluation convention (openvla-oft's LIBERO evaluation): results are only comparable at these limits.
 PUBLISHED_STEP_LIMITS = [
     ("libero_spatial", 220),
     ("libero_object", 280),
@@ -97,7 +97,7 @@ def test_max_episode_steps_truncates_the_episode_at_its_last_step_with_the_instr
 
 
 def test_reset_settles_the_init_state_with_ten_gripper_open_noop_steps(spatial_env):
-    # The published results are measured after 10 settle steps (DESIGN §9): the first observation must be the init
+    # The published results are measured after 10 settle steps (openvla-oft): the first observation must be the init
     # state after exactly 10 no-op steps with the gripper open. Replay them by hand from an unsettled reset of the
     # same init state, which the env replays exactly (same seed, same soft reset).
     options = {"task": 0, "init_state": 2}

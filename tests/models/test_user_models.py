@@ -1,4 +1,4 @@
-"""A user's own model through ``register_model`` and ``--model``: the README's example, run as it stands."""
+"""A user's own model through ``register_model`` and ``--model``: the example in docs/extending.md, run as it stands."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import torch
 
 from helpers import run_train
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+EXTENDING = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 
 
 def readme_example() -> str:
-    """The README's user-model script (the python block that starts with ``# train_layernorm.py``)."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    """The user-model script of docs/extending.md (the python block that starts with ``# train_layernorm.py``)."""
+    blocks = re.findall(r"```python\n(.*?)```", EXTENDING.read_text(), flags=re.S)
     (example,) = [block for block in blocks if block.startswith("# train_layernorm.py")]
     return example
 
