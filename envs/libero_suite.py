@@ -394,7 +394,8 @@ class LiberoOptions:
     libero_image_size: int = option(128, "camera image size in pixels (rgb mode)")
     libero_reward_coef: float = option(1.0, "reward on success")
     libero_fast_step: bool = option(
-        True, "step with one forward-dynamics pass per substep instead of three: same physics, ~1.7x faster"
+        True,
+        "step with one forward-dynamics pass per substep instead of three: same physics, faster (benchmarks/README.md)",
     )
     libero_sim_cache: int = option(
         1, "simulators each env keeps, one per task, so a task switch costs no rebuild (1-2 s)", auto=True

@@ -52,8 +52,8 @@ class SamplerConfig:
     )
     inference_backend: str = option(
         "auto",
-        "how inference workers run the policy: numpy for MLP policies over vector observations on CPU (4-5x less "
-        "CPU per batch than torch at inference batch sizes), torch for everything else; auto picks",
+        "how inference workers run the policy: numpy for MLP policies over vector observations on CPU (less CPU "
+        "per batch than torch at inference batch sizes: benchmarks/README.md), torch for everything else; auto picks",
         ("auto", "torch", "numpy"),
     )
     rollout: int = option(32, "env steps per trajectory handed to the learner")
@@ -84,7 +84,7 @@ class LearnerConfig:
     learner_backend: str = option(
         "auto",
         "how the learner runs its minibatch steps: numpy for MLP policies over vector observations on CPU with "
-        "--clip_mode=ppo_clip (the same loss and Adam step, 2-3.4x less time a step than torch at minibatch sizes of 64-512), "
+        "--clip_mode=ppo_clip (the same loss and Adam step in less time at small minibatches: benchmarks/README.md), "
         "torch for everything else; auto picks",
         ("auto", "torch", "numpy"),
     )
