@@ -109,6 +109,8 @@ RECORDING_SCRIPT = textwrap.dedent(
 
 
     def make_recorded_toy(ctx):
+        if ctx.worker_index < 0:  # the main process's env, reset once to check the API: not one of the workers'
+            return make_multitask_toy(ctx)
         rank = os.environ.get("RANK", "0")
         path = os.path.join(LOG_DIR, f"rank{{rank}}_{{os.getpid()}}_{{ctx.worker_index}}_{{ctx.env_index}}.txt")
         return RecordsAssignments(make_multitask_toy(ctx), path)

@@ -910,7 +910,9 @@ CRASHING_WORKERS_SCRIPT = textwrap.dedent(
 def test_a_run_that_learned_from_nothing_does_not_exit_0(tmp_path, train_dir):
     script = tmp_path / "crashing.py"
     script.write_text(CRASHING_WORKERS_SCRIPT)
-    command = [sys.executable, str(script), *train_command(train_dir, "nothing", *FAST, "--train_for_seconds=8")[3:]]
+    # Respawns allowed without end, so the clock, not --max_respawns, ends the run.
+    args = [*FAST, "--train_for_seconds=8", "--max_respawns=1000"]
+    command = [sys.executable, str(script), *train_command(train_dir, "nothing", *args)[3:]]
     result = subprocess.run([*command, "--env=broken_in_workers"], capture_output=True, text=True, timeout=180)
     assert result.returncode == 1, result.stderr[-3000:]
     summary = read_summary(train_dir, "nothing")
