@@ -119,7 +119,9 @@ def engine(module: str, *args: str) -> list[str]:
 def evaluate(args, train_dir: Path, experiment: str, mode: str) -> dict:
     """The latest checkpoint of ``experiment`` evaluated on the chosen pairs, ``--episodes_per_init`` episodes each,
     with sampled actions or the policy's mode; its results.json (reused when it exists)."""
-    pattern = f"*{SAMPLED_SUFFIX}/results.json" if mode == "sampled" else "checkpoint_*[0-9]/results.json"
+    # Only an evaluation of the experiment's latest checkpoint counts (a run resumed after an evaluation has a newer one).
+    latest = max((train_dir / experiment / "checkpoints").glob("checkpoint_*.pt"), key=lambda path: path.name).stem
+    pattern = f"{latest}{SAMPLED_SUFFIX}/results.json" if mode == "sampled" else f"{latest}/results.json"
     out = train_dir / experiment / "eval"
     found = sorted(out.glob(pattern))
     if not found:
