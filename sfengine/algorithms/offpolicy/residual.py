@@ -98,7 +98,7 @@ class ResidualPolicy:
     ) -> None:
         low, high = torch.tensor(action_spec.low), torch.tensor(action_spec.high)
         self.obs_spec, self.action_spec = obs_spec, action_spec  # the env's: what the engine and trainer read
-        self.base, self.scale, self.base_mode = base, scale, base_action == "mode"
+        self.base, self.base_mode = base, base_action == "mode"
         self.register_buffer("env_center", (high + low) / 2)
         self.register_buffer("env_half_range", (high - low) / 2)
         # The actor reads the observation as the base normalises it, beside the base's action in [-1, 1].
