@@ -1,11 +1,11 @@
 """Write the documentation pages that come from the code, so they cannot drift from it:
 
-    docs/configuration.md   every option: its group, type, default, choices and help (the option declarations)
-    docs/reference.md       the signal graph as connect_components wires it, the message types, the shared-memory
-                            buffers, and the module map (each module's first docstring line)
+docs/configuration.md   every option: its group, type, default, choices and help (the option declarations)
+docs/reference.md       the signal graph as connect_components wires it, the message types, the shared-memory
+                        buffers, and the module map (each module's first docstring line)
 
-    python docs/generate.py           # rewrite them
-    python docs/generate.py --check   # exit 1 if a page differs from what the code says now (tests/test_docs.py)
+python docs/generate.py           # rewrite them
+python docs/generate.py --check   # exit 1 if a page differs from what the code says now (tests/test_docs.py)
 """
 
 from __future__ import annotations
@@ -133,7 +133,9 @@ def reference_page() -> str:
             continue
         doc = (inspect.getdoc(cls) or "").splitlines()[0] if inspect.getdoc(cls) else ""
         hints = typing.get_type_hints(cls)
-        fields = ", ".join(f"`{field}`: {getattr(hints[field], '__name__', str(hints[field]))}" for field in cls._fields)
+        fields = ", ".join(
+            f"`{field}`: {getattr(hints[field], '__name__', str(hints[field]))}" for field in cls._fields
+        )
         lines += [f"- **{name}**: {doc}", f"  {fields}"]
     lines += [
         "",
