@@ -1,6 +1,7 @@
 """Residual policies over a frozen base (``--residual_over``): the first actions are exactly the base's, the
 correction stays within its bound and only the actor learns, a base that does not fit the env is a one-line error
-before anything starts, and TD3's correction of a weak clone of sparse_reach learns the task."""
+before anything starts, IBRL's rule (``--ibrl``) acts and bootstraps with the proposal its critics value more, and
+TD3's correction of a weak clone of sparse_reach learns the task, with and without that rule."""
 
 from __future__ import annotations
 
@@ -132,9 +133,12 @@ def test_a_base_that_does_not_fit_the_env_is_a_one_line_error_before_anything_st
 
 
 @pytest.mark.slow
-def test_td3s_correction_of_a_weak_clone_learns_sparse_reach(reach_clone, train_dir):
-    # The clone succeeds in about 0.4 of its episodes (sampled); its corrected policy reaches 0.9 within 16k steps.
-    args = ["--env=sparse_reach", "--algo=td3", "--residual_over=clone", "--residual_scale=0.3"]
+@pytest.mark.parametrize("choice", [[], ["--ibrl=True"]], ids=["correction", "ibrl"])
+def test_td3s_correction_of_a_weak_clone_learns_sparse_reach(reach_clone, train_dir, choice):
+    # The clone succeeds in about 0.4 of its episodes (sampled); its corrected policy reaches 0.9 within 16k steps,
+    # acting as it is (a correction) or as IBRL's critics choose between it and the clone (the chooser published
+    # to the inference worker with the weights, and saved in the checkpoint that sfengine.evaluate reads).
+    args = ["--env=sparse_reach", "--algo=td3", "--residual_over=clone", "--residual_scale=0.3", *choice]
     args += [f"--demos={reach_clone}", "--learning_starts=2000", "--critic_warmup_updates=500"]
     args += ["--train_for_env_steps=16000", "--stop_at_success=0.9"]
     result = run_train(train_dir, "residual", *args)
@@ -167,3 +171,68 @@ def test_the_base_device_is_checked_where_it_is_given():
     ]:
         with pytest.raises(ConfigError, match=message):
             parse_config(["--algo=td3", *args])
+
+
+def ibrl_pair(*args: str):
+    """A residual TD3 policy with --ibrl whose correction is not zero, and its trainer (critics of 2 members)."""
+    from sfengine.algorithms.td3.trainer import TD3Trainer
+
+    model, cfg = residual(
+        "td3", "mode", 0.5, ACTION_SPEC, "--ibrl=True", "--critic_hidden_sizes=16,16", "--rollout=8", *args
+    )
+    cfg.set("learning_starts", 0)
+    cfg.set("batch_size", 32)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        model.policy_head.weight.normal_()
+        for p in model.chooser.parameters():
+            p.normal_()
+    return model, TD3Trainer(model, cfg)
+
+
+def test_with_ibrl_the_policy_acts_with_the_action_its_critics_value_more(base_model):
+    model, _ = ibrl_pair()
+    obs = {"obs": torch.randn(256, 3) * 3}
+    with torch.inference_mode():
+        params = model.policy_params(obs)
+        corrected, base = model.action(params), model.split(params)[1]
+        features = model.critic_features(obs)
+        q_corrected = model.chooser(features, model.unit_actions(corrected)).mean(0)
+        q_base = model.chooser(features, model.unit_actions(base)).mean(0)
+        acted = model.act(obs, deterministic=True).actions
+    take_base = (q_base > q_corrected).unsqueeze(-1)
+    assert torch.equal(acted, torch.where(take_base, base, corrected))
+    assert 0 < take_base.float().mean() < 1  # both proposals won somewhere: the choice is per row
+    # The chooser travels with the policy (shared weights, checkpoints) and never learns from the actor's loss.
+    assert any(name.startswith("chooser.") for name in model.state_dict())
+    assert not any(p.requires_grad for p in model.chooser.parameters())
+
+
+def test_with_ibrl_the_critics_bootstrap_from_the_better_proposal_and_the_policy_acts_by_them(base_model):
+    model, trainer = ibrl_pair()
+    trainer.options.target_noise = 0.0
+    obs = {"obs": torch.randn(256, 3)}
+    with torch.no_grad():
+        for p in trainer.target_critics.parameters():
+            p.normal_()
+        features = trainer.features(obs)
+        value = trainer.target_value(obs, features)
+        params = trainer.target_actor.policy_params(obs)
+        corrected, base = trainer.target_actor.action(params), trainer.target_actor.split(params)[1]
+        q_corrected = trainer.target_critics(features, model.unit_actions(corrected)).min(0).values
+        q_base = trainer.target_critics(features, model.unit_actions(base)).min(0).values
+    assert torch.allclose(value, torch.maximum(q_corrected, q_base))
+    assert 0 < trainer.target_stats["target_base_share"] < 1
+    # After a round of learning the policy's chooser holds the critics it will be published with.
+    from test_offpolicy import batch
+
+    stats = trainer.train(batch(0), 0, 0)
+    assert stats["gradient_steps"] > 0 and 0 <= stats["target_base_share"] <= 1
+    for mine, theirs in zip(model.chooser.parameters(), trainer.critics.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+
+
+def test_ibrl_needs_td3_over_a_base():
+    for args in (["--algo=td3", "--ibrl=True"], ["--algo=sac", "--residual_over=x", "--ibrl=True"]):
+        with pytest.raises(ConfigError, match="--ibrl lets the critics choose .* needs --algo=td3 and --residual_over"):
+            parse_config(args)

@@ -96,6 +96,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--residual_scale={options.residual_scale} must lie in (0, 2] (half-ranges of the box)")
     if options.residual_base_device:
         check_base_device(options)
+    if options.ibrl and (algo != "td3" or not options.residual_over):
+        raise ConfigError(
+            "--ibrl lets the critics choose between a frozen base's action and the actor's correction of it: it "
+            "needs --algo=td3 and --residual_over"
+        )
     if min(options.critic_warmup_updates, options.residual_penalty, options.bc_weight) < 0:
         raise ConfigError("--critic_warmup_updates, --residual_penalty and --bc_weight must not be negative")
     if options.bc_weight > 0 and not cfg.learner.demos:
@@ -141,6 +146,8 @@ def describe(cfg: Config) -> str:
         words += f", demonstrations {options.demo_ratio:.0%} of each minibatch"
     if options.residual_over:
         words += f"; a correction of at most {options.residual_scale:g} over {options.residual_over} (frozen)"
+        if options.ibrl:
+            words += ", the critics choosing between the base's action and the corrected one (IBRL)"
     return words
 
 

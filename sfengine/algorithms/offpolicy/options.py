@@ -70,6 +70,12 @@ class OffPolicyOptions:
         "the device the frozen base runs on, where it differs from the policy's (cuda:1: a large base on a GPU of "
         "its own; cpu); every process that acts or learns keeps a copy there. Default: with the policy",
     )
+    ibrl: bool = option(
+        False,
+        "td3 with --residual_over: the base proposes beside the actor and the critics choose (IBRL's rule): the "
+        "agent acts with whichever of the base's action and the corrected one the critics value more, and the "
+        "critics bootstrap from the better of the two",
+    )
     critic_warmup_updates: int = option(
         0, "gradient steps of the critics alone before the actor's first (a critic of the base first, then the actor)"
     )

@@ -60,6 +60,7 @@ class OffPolicyTrainer(Trainer):
         self.critic_steps = 0
         self.env_steps_seen = 0
         self.learning_from = -1  # env_steps_seen when the first gradient step was owed (-1: not yet)
+        self.target_stats: dict[str, float] = {}  # what target_value reports of the step it is part of
 
     # ---------------------------------------------------------------- what a subclass writes
 
@@ -175,6 +176,7 @@ class OffPolicyTrainer(Trainer):
             "target_mean": float(target.mean()),
             "critic_grad_norm": norm if finite else 0.0,
             "critic_nonfinite_fraction": float(not finite),
+            **self.target_stats,
         }
 
     def actor_terms(self, b: NStep, params: Tensor, actions: Tensor, q: Tensor) -> tuple[Tensor, dict[str, float]]:

@@ -3,12 +3,17 @@ actor the critics' mean Q of its own action, every ``--actor_delay`` critic step
 
     target   V(s') = min_{M of E} Q'(s', clip(mu'(s') + clip(eps, -c, c)))     eps ~ N(0, --target_noise)
     actor    -mean_e Q_e(s, mu(s))
+
+With ``--ibrl`` (a residual over a frozen base b) the target is the better of the two proposals,
+V(s') = max(min_{M of E} Q'(s', smoothed mu'(s')), min_{M of E} Q'(s', b(s'))) with one draw of the M members,
+and after every round the policy's ``chooser`` gets the critics' weights, so that it acts by the same rule.
 """
 
 from __future__ import annotations
 
 import copy
 
+import torch
 from torch import Tensor
 
 from sfengine.algorithms.offpolicy.critics import soft_update_, subset_min
@@ -27,10 +32,26 @@ class TD3Trainer(OffPolicyTrainer):
 
     def target_value(self, next_obs: dict[str, Tensor], next_features: Tensor) -> Tensor:
         options = self.options
-        target_actions = self.target_actor.action(self.target_actor.policy_params(next_obs))
+        params = self.target_actor.policy_params(next_obs)
+        target_actions = self.target_actor.action(params)
         smoothed = self.target_actor.noisy(target_actions, options.target_noise, options.target_noise_clip)
+        if options.ibrl:
+            base = self.target_actor.split(params)[1]
+            members = lambda q: subset_min(q, options.critic_subset, self.generator)  # noqa: E731
+            value, take_base = self.target_actor.choose(next_features, smoothed, base, self.target_critics, members)[1:]
+            self.target_stats["target_base_share"] = float(take_base.float().mean())
+            return value
         next_q = self.target_critics(next_features, self.model.unit_actions(smoothed))
         return subset_min(next_q, options.critic_subset, self.generator)
+
+    def train(self, batch, learner_version: int, env_steps: int) -> dict[str, float]:
+        stats = super().train(batch, learner_version, env_steps)
+        chooser = getattr(self.model, "chooser", None)
+        if chooser is not None:  # --ibrl: the policy acts by the critics it will publish with
+            with torch.no_grad():
+                for mine, theirs in zip(chooser.parameters(), self.critics.parameters(), strict=True):
+                    mine.copy_(theirs)
+        return stats
 
     def actor_step(self, b: NStep) -> dict[str, float]:
         params = self.model.policy_params(b.obs)
