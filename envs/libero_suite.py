@@ -398,7 +398,7 @@ class LiberoOptions:
         "step with one forward-dynamics pass per substep instead of three: same physics, faster (benchmarks/README.md)",
     )
     libero_sim_cache: int = option(
-        1, "simulators each env keeps, one per task, so a task switch costs no rebuild (1-2 s)", auto=True
+        1, "simulators each env keeps, one per task, so a task switch costs no rebuild (seconds each)", auto=True
     )
 
     def validate(self, auto: set[str]) -> None:

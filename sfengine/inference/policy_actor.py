@@ -79,8 +79,8 @@ class PolicyActor:
         traj = self.buffers.trajectories
         self.entries_per_buffer = self.cfg.sampler.rollout + 1
         self.flat_obs = {key: t.flatten(0, 1) for key, t in traj.obs.items()}
-        # The per-batch bookkeeping goes through numpy views of the shared tensors: an index or a write costs
-        # about 1 us there against 3-20 us through torch's dispatcher, and a batch does a dozen of them.
+        # The per-batch bookkeeping goes through numpy views of the shared tensors: an index or a write there skips
+        # torch's dispatcher, and a batch does a dozen of them.
         self.flat_outputs_np = {name: getattr(traj, name).flatten(0, 1).numpy() for name in POLICY_FIELDS}
         self.flat_obs_np = {key: t.numpy() for key, t in self.flat_obs.items()}
         self.flat_annotations_np = {name: getattr(traj, name).flatten(0, 1).numpy() for name in ANNOTATION_FIELDS}

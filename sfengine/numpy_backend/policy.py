@@ -1,9 +1,9 @@
 """The inference workers' policy for MLP models, in numpy: the same function as ``ActorCritic.act`` without torch.
 
 At inference batch sizes (4-16 rows) an MLP actor-critic's forward pass costs almost nothing in arithmetic; what it
-costs in torch is the dispatcher and ``nn.Module`` calls, about 5 us per op and per module here. Measured on the
-2-core CPU machine with HalfCheetah's 64-64 actor and critic, 4 rows: ``ActorCritic.act`` 236 us, this class about
-50 us. On a light env that is most of the inference worker's core, which rollout workers and the learner then get.
+costs in torch is the dispatcher and ``nn.Module`` calls, microseconds per op and per module. On a light env that
+is most of the inference worker's core, which rollout workers and the learner then get (``benchmarks/README.md``,
+"MLP policies in numpy").
 
     obs[keys] --concat (sorted keys)--normalise--actor MLP--policy head--> Gaussian mean, log-std | logits --> sample
                                                +-critic MLP--value head--> x std + mean of the returns --> values

@@ -3,10 +3,9 @@
 
 An MLP actor-critic over vector observations costs almost nothing in arithmetic at minibatch sizes of 64-512;
 in torch its step costs the dispatcher, autograd's graph and the optimiser's per-tensor loops, about 100 ops of
-5-10 us. Here the parameters, their gradients and Adam's moments are each one flat float32 array (the step is a
-few dozen numpy calls, and Adam and the gradient clip a handful of calls over the whole model). Measured on the
-2-core CPU machine, HalfCheetah's 64-64 tanh actor and critic, 64-sample minibatches: torch 0.85 ms a step,
-this 0.25 ms.
+microseconds each. Here the parameters, their gradients and Adam's moments are each one flat float32 array (the
+step is a few dozen numpy calls, and Adam and the gradient clip a handful of calls over the whole model). What it
+saves: ``benchmarks/README.md``, "The learner in numpy against the learner in torch".
 
     torch model --begin()--> flat params | moments --step() x epochs x minibatches--> --end()--> torch model
 

@@ -139,8 +139,8 @@ NONFINITE_LOGGED = 3  # lines an EnvGroup logs about non-finite values; the rest
 
 
 def all_finite(obs) -> bool:
-    """No NaN or infinity in a (dict) observation's float arrays. A small array is checked as a Python list (0.2 us
-    for CartPole's 4 values, against 1.5 us for numpy's isfinite: this runs at every env step)."""
+    """No NaN or infinity in a (dict) observation's float arrays. A small array is checked as a Python list (cheaper
+    than numpy's isfinite at a handful of values: this runs at every env step)."""
     if isinstance(obs, dict):
         return all(all_finite(value) for value in obs.values())
     array = obs if isinstance(obs, np.ndarray) else np.asarray(obs)
