@@ -66,6 +66,38 @@ def test_two_ranks_train_in_lockstep_each_on_its_own_shard_of_tasks(tmp_path, tr
     assert all(torch.isfinite(t).all() for t in checkpoint["model"].values())
 
 
+PLAIN_SCRIPT = """
+import sys
+
+from sfengine.train import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_off_policy_ranks_take_the_same_gradient_steps_when_their_env_steps_differ(tmp_path, train_dir):
+    # Episodes of sparse_reach end inside chunks of 3 actions, so the ranks sample different env steps a batch;
+    # each gradient step all-reduces, so each rank must still take as many as the other (else both wait forever).
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_SCRIPT)
+    args = ["--algo=sac", "--env=sparse_reach", "--action_chunk=3", "--num_workers=1", "--num_envs_per_worker=2"]
+    args += ["--rollout=16", "--batch_size=64", "--hidden_sizes=32,32", "--critic_hidden_sizes=32,32"]
+    args += ["--learning_starts=500", "--train_for_env_steps=6000", "--hang_timeout_sec=30"]
+    result = torchrun(script, train_dir, "offpolicy_ranks", *args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = read_summary(train_dir, "offpolicy_ranks")
+    assert summary["world_size"] == 2 and summary["ranks_in_sync"] is True
+    assert summary["env_steps"] >= 6000 and min(summary["rank_env_steps"]) > 2000
+    checkpoint = load_latest_checkpoint(train_dir / "offpolicy_ranks")
+    trainer = checkpoint["sac"]  # the algorithm's state
+    # Each rank took a gradient step per env step of its own (the ranks' mean), counted over the whole run.
+    assert trainer["env_steps_seen"] == summary["env_steps"]
+    learned_from = trainer["env_steps_seen"] - trainer["learning_from"]
+    assert abs(trainer["critic_steps"] - learned_from / 2) <= 1
+
+
 DYING_RANK_SCRIPT = """
 import os
 import sys

@@ -5,6 +5,10 @@ targets and optimiser, and the state a checkpoint keeps. A subclass says what th
     train(batch)  --> the batch's trajectories into the replay --> owed += replay_ratio x its env steps
                   --> int(owed) gradient steps: critic step, every --actor_delay steps the actor's, target update
 
+With several ranks each learns from its own replay and averages its gradients with the others': the env steps
+that set ``owed`` and the start of learning are the ranks' mean, so every rank takes the same gradient steps, and
+``env_steps_seen`` (the learning rate's schedule) counts the whole run's.
+
 The actor is the run's model, trained with the base ``Trainer``'s optimiser (its gradient averaged over the ranks,
 clipped, skipped when not finite); the critics get the same treatment with their own optimiser.
 """
@@ -90,7 +94,7 @@ class OffPolicyTrainer(Trainer):
             rows, t = self.demos.starts // self.demos.horizon, self.demos.starts % self.demos.horizon
             self.model.update_normalizers({key: obs[rows, t] for key, obs in self.demos.obs.items()}, self.group.sum)
         self.replay.insert(batch, self.learner_rewards(batch.rewards[:, :-1]))
-        new_steps = batch.sampled_env_steps()
+        new_steps, replay_steps = self.agreed_counts(batch.sampled_env_steps())
         self.env_steps_seen += new_steps
         self.model.update_normalizers(
             {key: obs[:, :-1].flatten(0, 1) for key, obs in batch.obs.items()}, self.group.sum
@@ -98,11 +102,12 @@ class OffPolicyTrainer(Trainer):
         stats = {"replay_fill": self.replay.size / self.replay.capacity}
         if self.demos is not None:
             stats["demo_share"] = self.demo_samples / self.cfg.learner.batch_size
-        if self.replay.inserted_steps < self.options.learning_starts:
+        world = self.group.ranks.world_size
+        if replay_steps < self.options.learning_starts * world:
             return stats | {"gradient_steps": 0.0}
         if self.learning_from < 0:
             self.learning_from = self.env_steps_seen - new_steps
-        self.owed += self.options.replay_ratio * new_steps
+        self.owed += self.options.replay_ratio * new_steps / world
         steps = int(self.owed)
         self.owed -= steps
         sums: dict[str, float] = {}
@@ -114,8 +119,18 @@ class OffPolicyTrainer(Trainer):
             stats[name] = value / (actor_steps if name in ACTOR_STATS else max(1, steps))
         # The replay ratio achieved since the learning started: gradient steps per env step (the target, exactly,
         # up to the fraction carried to the next batch).
-        achieved = self.critic_steps / max(1, self.env_steps_seen - self.learning_from)
+        achieved = self.critic_steps * world / max(1, self.env_steps_seen - self.learning_from)
         return stats | self.round_stats() | {"gradient_steps": float(steps), "replay_ratio_achieved": achieved}
+
+    def agreed_counts(self, new_steps: int) -> tuple[int, int]:
+        """This round's new env steps and the env steps the replays hold, both summed over the ranks. Every rank
+        decides from these when learning starts and how many gradient steps it owes, so all take the same number
+        (each step all-reduces its gradients): their own counts differ where episodes end inside action chunks."""
+        if not self.group.distributed:
+            return new_steps, self.replay.inserted_steps
+        counts = torch.tensor([new_steps, self.replay.inserted_steps], dtype=torch.float64, device=self.device)
+        new_total, replay_total = self.group.sum(counts).tolist()
+        return round(new_total), round(replay_total)
 
     def learner_rewards(self, rewards: Tensor) -> Tensor:
         """Rewards as the learner sees them: scaled by --reward_scale, clipped to --reward_clip."""
