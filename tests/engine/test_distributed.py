@@ -27,7 +27,9 @@ from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
 
 
 def torchrun(script, train_dir, experiment: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    """2 ranks of ``script`` (a file that runs sfengine.train's main; None: the module itself)."""
+    program = ["-m", "sfengine.train"] if script is None else [str(script)]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *program]
     return subprocess.run(
         [*launcher, *train_command(train_dir, experiment, *args)[3:]], capture_output=True, text=True, timeout=timeout
     )
@@ -66,26 +68,14 @@ def test_two_ranks_train_in_lockstep_each_on_its_own_shard_of_tasks(tmp_path, tr
     assert all(torch.isfinite(t).all() for t in checkpoint["model"].values())
 
 
-PLAIN_SCRIPT = """
-import sys
-
-from sfengine.train import main
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-"""
-
-
 @pytest.mark.slow
-def test_off_policy_ranks_take_the_same_gradient_steps_when_their_env_steps_differ(tmp_path, train_dir):
+def test_off_policy_ranks_take_the_same_gradient_steps_when_their_env_steps_differ(train_dir):
     # Episodes of sparse_reach end inside chunks of 3 actions, so the ranks sample different env steps a batch;
     # each gradient step all-reduces, so each rank must still take as many as the other (else both wait forever).
-    script = tmp_path / "plain.py"
-    script.write_text(PLAIN_SCRIPT)
     args = ["--algo=sac", "--env=sparse_reach", "--action_chunk=3", "--num_workers=1", "--num_envs_per_worker=2"]
     args += ["--rollout=16", "--batch_size=64", "--hidden_sizes=32,32", "--critic_hidden_sizes=32,32"]
     args += ["--learning_starts=500", "--train_for_env_steps=6000", "--hang_timeout_sec=30"]
-    result = torchrun(script, train_dir, "offpolicy_ranks", *args)
+    result = torchrun(None, train_dir, "offpolicy_ranks", *args)
     assert result.returncode == 0, result.stderr[-4000:]
     summary = read_summary(train_dir, "offpolicy_ranks")
     assert summary["world_size"] == 2 and summary["ranks_in_sync"] is True
