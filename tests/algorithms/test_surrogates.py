@@ -139,3 +139,43 @@ def test_ess_of_ratios_near_one_never_exceeds_one():
         result = policy_surrogate("ppo_clip", ratio, torch.ones(512), ratio.log(), SurrogateParams())
         stats = ratio_diagnostics(ratio, ratio.log(), result, torch.ones(512))
         assert 0 < stats["ess"] <= 1
+
+
+def extending_clip_mode() -> str:
+    """The clip-mode script of docs/extending.md (the python block that starts with ``# train_clip_higher.py``)."""
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    (example,) = [block for block in blocks if block.startswith("# train_clip_higher.py")]
+    return example
+
+
+def test_the_documented_clip_mode_registers_and_computes_its_own_loss():
+    from sfengine.algorithms.ppo.surrogates import SURROGATE_TARGET_KL, SURROGATES
+
+    try:
+        exec(compile(extending_clip_mode(), "train_clip_higher.py", "exec"), {"__name__": "train_clip_higher"})
+        # Inside the wider range, cut at 1.28 above it, PPO's 0.8 below it (A > 0: the ratio's own term there).
+        losses, grads, result = surrogate("clip_higher", [1.25, 1.35, 0.7], [1.0, 1.0, 1.0])
+        assert losses == pytest.approx([-1.25, -1.28, -0.7]) and grads == pytest.approx([-1.25, 0.0, -0.7])
+        assert (result.low, result.high) == (pytest.approx(0.8), 1.28)
+    finally:
+        SURROGATES.pop("clip_higher", None)
+        SURROGATE_TARGET_KL.pop("clip_higher", None)
+
+
+@pytest.mark.slow
+def test_the_documented_clip_mode_trains_through_the_engine(tmp_path, train_dir):
+    import subprocess
+    import sys
+
+    script = tmp_path / "train_clip_higher.py"
+    script.write_text(extending_clip_mode())
+    command = [sys.executable, str(script), "--clip_mode=clip_higher", "--env=CartPole-v1", "--experiment=mine"]
+    command += [f"--train_dir={train_dir}", "--train_for_env_steps=8192", "--report_every_sec=1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "clip_higher" in result.stdout  # the start block and the learner line name the run's clip mode
+    assert '"clip_mode": "clip_higher"' in (train_dir / "mine" / "config.json").read_text()
