@@ -18,7 +18,7 @@ def test_quick_run_of_every_row_writes_json_markdown_and_plot(tmp_path):
     # --baseline_ref=HEAD: the engine rows also run from a temporary checkout of a revision (before/after).
     command = [sys.executable, "-m", "benchmarks.throughput", "--env=synthetic", "--synthetic_step_ms=1"]
     command += ["--baseline_ref=HEAD", "--with_workers_acting"]
-    command += ["--seconds=2", "--warmup=0.5", "--startup=20", "--with_training", "--with_diy", f"--out={tmp_path}"]
+    command += ["--seconds=1", "--warmup=0.5", "--startup=20", "--with_training", "--with_diy", f"--out={tmp_path}"]
     command += ["--num_workers=2", "--num_envs_per_worker=4", "--batch_size=256", "--num_batches_per_epoch=1"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -202,9 +202,10 @@ def test_a_truncated_episode_bootstraps_from_its_own_last_observation_through_th
 
 @pytest.mark.slow
 def test_sac_learns_pendulum_in_multi_process_mode(train_dir):
-    # A random policy scores about -1200 on Pendulum-v1; SAC passes -400 near 10k env steps.
+    # A random policy scores about -1200 on Pendulum-v1; SAC passes -400 near 10k env steps. The mean is over the
+    # last 30 episodes (6,000 env steps), so the run can stop soon after.
     args = ["--algo=sac", "--env=Pendulum-v1", "--num_workers=2", "--num_envs_per_worker=2", "--rollout=16"]
-    args += ["--learning_starts=1000", "--train_for_env_steps=30000", "--stop_at_return=-400"]
+    args += ["--learning_starts=1000", "--train_for_env_steps=30000", "--stop_at_return=-400", "--stats_window=30"]
     args += ["--hidden_sizes=64,64", "--critic_hidden_sizes=64,64", "--batch_size=128", "--learner_threads=2"]
     result = run_train(train_dir, "sac_pendulum", *args)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -330,6 +331,17 @@ def test_each_gradient_step_moves_the_target_critics_by_tau_towards_the_critics(
         before, trainer.target_critics.parameters(), trainer.critics.parameters(), strict=True
     ):
         assert torch.allclose(target, 0.75 * old + 0.25 * critic, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduce", ["mean", "min"])
+def test_the_actor_climbs_the_ensembles_mean_q_or_its_minimum(reduce):
+    trainer = make_trainer("sac", num_critics=3, actor_q=reduce)
+    obs = {"obs": torch.randn(64, 3)}
+    actions, _ = trainer.model.sample(trainer.model.policy_params(obs))
+    q = trainer.critics(trainer.features(obs), trainer.model.unit_actions(actions))
+    expected = q.mean(0) if reduce == "mean" else q.min(0).values
+    assert torch.allclose(trainer.actor_q(obs, actions), expected)
+    assert not torch.allclose(q.mean(0), q.min(0).values)  # the members differ, so the two choices do
 
 
 def test_the_actor_waits_for_the_critics_warm_up():

@@ -1,7 +1,8 @@
 """Residual policies over a frozen base (``--residual_over``): the first actions are exactly the base's, the
 correction stays within its bound and only the actor learns, a base that does not fit the env is a one-line error
 before anything starts, IBRL's rule (``--ibrl``) acts and bootstraps with the proposal its critics value more, and
-TD3's correction of a weak clone of sparse_reach learns the task, with and without that rule."""
+TD3's correction of a weak clone of sparse_reach learns the task, and a run with that rule saves and evaluates
+the critics it chose with."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from helpers import evaluate, read_summary, run_train, scripted_demos
 from sfengine.algorithms.offpolicy.residual import base_identity, load_base
 from sfengine.config import ConfigError, parse_config
 from sfengine.demos import write_demos
+from sfengine.engine.checkpoint import load_latest_checkpoint
 from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.actor_critic import MODELS, ActorCritic
+from sfengine.reporting.events import read_scalars
 
 OBS_SPEC = ObsSpec({"obs": (3,)}, {"obs": torch.float32})
 ACTION_SPEC = ActionSpec(discrete=False, dim=2, low=(-2.0, 0.0), high=(2.0, 1.0))
@@ -132,14 +135,13 @@ def test_a_base_that_does_not_fit_the_env_is_a_one_line_error_before_anything_st
         assert not (train_dir / "bad_base").exists()
 
 
+RESIDUAL_REACH = ["--env=sparse_reach", "--algo=td3", "--residual_over=clone", "--residual_scale=0.3"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("choice", [[], ["--ibrl=True"]], ids=["correction", "ibrl"])
-def test_td3s_correction_of_a_weak_clone_learns_sparse_reach(reach_clone, train_dir, choice):
-    # The clone succeeds in about 0.4 of its episodes (sampled); its corrected policy reaches 0.9 within 16k steps,
-    # acting as it is (a correction) or as IBRL's critics choose between it and the clone (the chooser published
-    # to the inference worker with the weights, and saved in the checkpoint that sfengine.evaluate reads).
-    args = ["--env=sparse_reach", "--algo=td3", "--residual_over=clone", "--residual_scale=0.3", *choice]
-    args += [f"--demos={reach_clone}", "--learning_starts=2000", "--critic_warmup_updates=500"]
+def test_td3s_correction_of_a_weak_clone_learns_sparse_reach(reach_clone, train_dir):
+    # The clone succeeds in about 0.4 of its episodes (sampled); its corrected policy reaches 0.9 within 16k steps.
+    args = [*RESIDUAL_REACH, f"--demos={reach_clone}", "--learning_starts=2000", "--critic_warmup_updates=500"]
     args += ["--train_for_env_steps=16000", "--stop_at_success=0.9"]
     result = run_train(train_dir, "residual", *args)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -149,6 +151,25 @@ def test_td3s_correction_of_a_weak_clone_learns_sparse_reach(reach_clone, train_
     result = evaluate(f"--train_dir={train_dir}", "--experiment=residual", "--eval_episodes=20")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "success 0.9" in result.stdout or "success 1.0" in result.stdout, result.stdout[-1000:]
+
+
+@pytest.mark.slow
+def test_an_ibrl_run_saves_the_critics_it_chose_with_and_evaluates_by_them(reach_clone, train_dir):
+    # Through the engine: the critics choose from the first gradient step on (train/target_base_share), the
+    # checkpoint's policy carries the critics as they were last synced (its chooser), and sfengine.evaluate acts
+    # with that pair. (Choosing itself is checked against hand-computed values above.)
+    args = [*RESIDUAL_REACH, "--ibrl=True", f"--demos={reach_clone}", "--learning_starts=1000"]
+    args += ["--critic_warmup_updates=100", "--replay_ratio=0.25", "--train_for_env_steps=3000"]
+    result = run_train(train_dir, "ibrl", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shares = [p.value for p in read_scalars(train_dir / "ibrl")["train/target_base_share"]]
+    assert shares and all(0 <= share <= 1 for share in shares)
+    checkpoint = load_latest_checkpoint(train_dir / "ibrl")
+    chooser = {name[len("chooser.") :]: t for name, t in checkpoint["model"].items() if name.startswith("chooser.")}
+    critics = checkpoint["td3"]["critics"]
+    assert chooser.keys() == critics.keys() and all(torch.equal(chooser[k], critics[k]) for k in critics)
+    result = evaluate(f"--train_dir={train_dir}", "--experiment=ibrl", "--eval_episodes=10")
+    assert result.returncode == 0 and "success" in result.stdout, result.stderr[-2000:]
 
 
 def test_a_base_on_a_device_of_its_own_stays_there_when_the_policy_moves(base_model):

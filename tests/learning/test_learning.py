@@ -135,6 +135,7 @@ def test_dict_observation_with_image_learns_through_the_cnn(train_dir, inference
         "--num_inference_workers=2",
         f"--inference_dtype={inference_dtype}",
         "--train_for_env_steps=40000",
+        "--stop_at_return=12",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "bandit")

@@ -28,6 +28,12 @@ class OffPolicyOptions:
     critic_layer_norm: bool = option(True, "LayerNorm after each hidden layer of the critics")
     critic_learning_rate: float = option(3e-4, "Adam learning rate of the critics")
     tau: float = option(0.005, "target critics: Polyak averaging rate per gradient step")
+    actor_q: str = option(
+        "mean",
+        "the Q the actor climbs: the ensemble's mean (REDQ's and RLPD's) or its minimum (SAC's as SB3 and CleanRL "
+        "write it, over their 2 critics)",
+        ("mean", "min"),
+    )
     actor_delay: int = option(
         1, "update the actor (and SAC's temperature) every this many critic steps; unset, --algo=td3 takes 2"
     )

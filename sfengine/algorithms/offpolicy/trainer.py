@@ -215,10 +215,12 @@ class OffPolicyTrainer(Trainer):
         return extra, stats
 
     def actor_q(self, obs: dict[str, Tensor], actions: Tensor) -> Tensor:
-        """The ensemble's mean Q of the actor's actions, with gradients to the actions only."""
+        """The ensemble's mean (or, ``--actor_q=min``, minimum) Q of the actor's actions, with gradients to the
+        actions only."""
         self.critics.requires_grad_(False)
         try:
-            return self.critics(self.features(obs).detach(), self.model.unit_actions(actions)).mean(0)
+            q = self.critics(self.features(obs).detach(), self.model.unit_actions(actions))
+            return q.min(0).values if self.options.actor_q == "min" else q.mean(0)
         finally:
             self.critics.requires_grad_(True)
 
