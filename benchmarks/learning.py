@@ -46,7 +46,13 @@ CLEANRL_PUBLISHED = {"HalfCheetah-v5": (1442.6, 46.0), "Hopper-v5": (2382.9, 271
 RETURN_TAG = "episodes/episode_return_mean"
 # sfengine's preset per env, as the RL Zoo tunes per env; envs not named run --cfg=mujoco.
 SFENGINE_PRESETS = {"HalfCheetah-v5": "halfcheetah"}
-COLORS = {"sfengine": "tab:blue", "sfengine-cuda": "tab:cyan", "sb3": "tab:orange", "cleanrl": "tab:green"}
+COLORS = {
+    "sfengine": "tab:blue",
+    "sfengine-cuda": "tab:cyan",
+    "sfengine-sb3recipe": "tab:purple",  # a diagnostic: sfengine's engine with SB3's SAC settings (README)
+    "sb3": "tab:orange",
+    "cleanrl": "tab:green",
+}
 
 
 def run_peer(system: str, env: str, seed: int, env_steps: int, out: Path, threads: int, algo: str) -> None:
