@@ -79,7 +79,7 @@ class TrajectoryBuffers:
     truncation_values: Tensor
     # Group advantages (rloo, grpo): the task-sequence position of the episode each step belongs to (group =
     # position // G, member = position % G; -1 without groups), and at an episode's last step its outcome (NaN:
-    # the episode was dropped, as when its env failed).
+    # the episode was dropped, as when its env failed; the off-policy replay reads only that NaN).
     episode_positions: Tensor
     outcomes: Tensor
     chunk_steps: Tensor  # env steps each entry took: 1, or up to K with --action_chunk=K

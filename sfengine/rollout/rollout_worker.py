@@ -292,8 +292,8 @@ class RolloutWorker(Component):
                 outcomes[ids[i], t] = math.nan
                 split.truncation_scales[i] = 1.0
                 self._keep_final_obs(split, i, {key: self.obs_np[key][ids[i], t] for key in self.obs_np}, ids[i], t)
-            else:
-                outcomes[ids[i], t] = self._outcome(episode)
+            else:  # (without groups only the NaN is read: the replay's mark of a failed step)
+                outcomes[ids[i], t] = self._outcome(episode) if self.grouped else 0.0
         for i, final_obs, scale in group.cut:
             split.truncation_scales[i] = scale
             self._keep_final_obs(split, i, final_obs, ids[i], t)

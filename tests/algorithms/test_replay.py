@@ -69,6 +69,25 @@ def test_n_step_returns_stop_at_terminations_truncations_and_the_rows_end():
     assert out.actions.squeeze(1).tolist() == pytest.approx([0, 0.01, 0.02, 0.03, 0.04])
 
 
+def test_a_failed_env_step_is_never_a_transition_and_returns_that_reach_it_stop_before_it():
+    batch = trajectories(1)
+    # The env step of entry 2 raised: the rollout worker cut the episode there (a NaN outcome marks the failure) and
+    # the next episode starts at entry 3.
+    batch.truncated[0, 2] = True
+    batch.outcomes[0, 2] = float("nan")
+    batch.truncated[0, 4] = True  # an ordinary time limit: its outcome is a number
+    replay = Replay(100, T, OBS_SPEC, ACTION_SPEC)
+    replay.insert(batch)
+    out = replay.n_step(torch.zeros(2, dtype=torch.long), torch.tensor([0, 1]), 3, GAMMA)
+    # t=0: r0 + g r1, then the failed entry: bootstrap g^2 V(obs[2] = 2), the last good observation
+    # t=1: r1, bootstrap g V(2)
+    assert out.returns.tolist() == [1 + 0.5 * 2, 2]
+    assert out.discounts.tolist() == [0.25, 0.5]
+    assert out.next_obs["obs"].squeeze(1).tolist() == [2, 2]
+    rows, t = replay.sample_indices(3000, torch.Generator().manual_seed(0))
+    assert set(t.tolist()) == {0, 1, 3, 4}  # never the failed entry; the time limit's entry is a transition
+
+
 def test_one_step_targets_bootstrap_from_the_next_entry_inside_an_episode():
     replay = Replay(100, T, OBS_SPEC, ACTION_SPEC)
     replay.insert(trajectories(2))

@@ -7,10 +7,13 @@ preallocated tensors in the learner process, and minibatches of n-step transitio
 
 A stored row keeps its env's T steps and the bootstrap entry T (the observation the next row starts from). A
 transition's next observation is the next entry's, except where the episode ended at that step: a termination
-(nothing to bootstrap) or a truncation (time limit, chunk cut short, failed env step), whose bootstrap is the
-episode's own last observation, ``final_obs``, which the rollout worker keeps for the algorithms that declare it.
-Returns of n steps stop at an episode's end and at a row's end (entry T bootstraps them): each is exact, only
-shorter. ``replay_size`` counts env steps; the ring holds ``replay_size // (T x K)`` rows and overwrites the oldest.
+(nothing to bootstrap) or a truncation (time limit, chunk cut short), whose bootstrap is the episode's own last
+observation, ``final_obs``, which the rollout worker keeps for the algorithms that declare it. Returns of n steps
+stop at an episode's end and at a row's end (entry T bootstraps them): each is exact, only shorter.
+
+An entry whose env step failed (it raised, or returned a NaN) has no outcome to learn from: no draw starts there,
+and a return that reaches it stops at the entry before, bootstrapped from that entry's next observation (the failed
+entry's own, the last good one), so that no target counts a made-up reward or a made-up next state. ``replay_size`` counts env steps; the ring holds ``replay_size // (T x K)`` rows and overwrites the oldest.
 
 With action chunks (``--action_chunk=K``) an entry is one decision: the chunk's K actions, their reward discounted
 to the chunk's first step, and the env steps it took (K, fewer where the episode ended inside it). n-step returns
@@ -85,6 +88,7 @@ class Replay:
         self.rewards = torch.zeros(steps)
         self.terminated = torch.zeros(steps, dtype=torch.bool)
         self.truncated = torch.zeros(steps, dtype=torch.bool)
+        self.failed = torch.zeros(steps, dtype=torch.bool)  # the env step failed: never a transition
         self.env_steps = torch.ones(steps, dtype=torch.int16)  # env steps an entry took: 1, or up to K with chunks
         self.size = 0  # rows filled
         self.next_row = 0
@@ -108,17 +112,26 @@ class Replay:
         self.rewards[rows] = (batch.rewards[:, steps] if rewards is None else rewards).float().cpu()
         self.terminated[rows] = batch.terminated[:, steps].cpu()
         self.truncated[rows] = batch.truncated[:, steps].cpu()
+        # The rollout worker marks a failed step's end with a NaN outcome.
+        self.failed[rows] = (batch.truncated[:, steps] & batch.outcomes[:, steps].isnan()).cpu()
         self.env_steps[rows] = batch.chunk_steps[:, steps].clamp(min=1).to(torch.int16).cpu()
         self.next_row = int((self.next_row + count) % self.capacity)
         self.size = min(self.capacity, self.size + count)
         self.inserted_steps += int(batch.chunk_steps[:, steps].clamp(min=1).sum())  # env steps
 
     def sample_indices(self, count: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """(row, t) of ``count`` stored steps, uniformly with replacement."""
-        if self.starts is None:
-            flat = torch.randint(0, self.stored_steps, (count,), generator=generator)
-        else:
+        """(row, t) of ``count`` stored steps, uniformly with replacement over those whose env step did not fail."""
+        if self.starts is not None:
             flat = self.starts[torch.randint(0, len(self.starts), (count,), generator=generator)]
+            return flat // self.horizon, flat % self.horizon
+        failed = self.failed.view(-1)[: self.stored_steps]
+        flat = torch.randint(0, self.stored_steps, (count,), generator=generator)
+        redraw = failed[flat]
+        if redraw.any():  # rare (a failed env step is one in thousands at most): draw those again from the rest
+            good = (~failed).nonzero().squeeze(1)
+            if len(good) == 0:
+                raise RuntimeError("every env step in the replay failed: there is nothing to learn from")
+            flat[redraw] = good[torch.randint(0, len(good), (int(redraw.sum()),), generator=generator)]
         return flat // self.horizon, flat % self.horizon
 
     def sample(self, count: int, n: int, gamma: float, generator: torch.Generator | None = None) -> NStep:
@@ -133,9 +146,11 @@ class Replay:
         row = rows[:, None]
         terminated = self.terminated[row, at] & inside
         ends = (terminated | self.truncated[row, at]) & inside
-        # Entry k counts while no earlier entry of the n ended the episode (and it lies inside the row).
+        # Entry k counts while no earlier entry of the n ended the episode, it lies inside the row and neither it
+        # nor an earlier one failed (the entry before a failed one bootstraps from its next observation).
         ended_before = (ends.cumsum(1) - ends.long()) > 0
-        counted = inside & ~ended_before
+        failed_by = (self.failed[row, at] & inside).cumsum(1) > 0
+        counted = inside & ~ended_before & ~failed_by
         # Each entry is discounted by the env steps before it (k without chunks).
         env_steps = self.env_steps[row, at].long() * counted
         before = env_steps.cumsum(1) - env_steps
@@ -224,6 +239,7 @@ class Replay:
             "rewards": self.rewards,
             "terminated": self.terminated,
             "truncated": self.truncated,
+            "failed": self.failed,
             "env_steps": self.env_steps,
             "size": self.size,
             "next_row": self.next_row,
@@ -236,5 +252,6 @@ class Replay:
             self.final_obs[key].copy_(state["final_obs"][key])
         for name in ("actions", "rewards", "terminated", "truncated", "env_steps"):
             getattr(self, name).copy_(state[name])
+        self.failed.copy_(state.get("failed", torch.zeros_like(self.failed)))  # replays saved before it: none
         self.size, self.next_row = int(state["size"]), int(state["next_row"])
         self.inserted_steps = int(state["inserted_steps"])
