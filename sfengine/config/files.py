@@ -122,9 +122,17 @@ COMMAND_OPTIONS = ("checkpoint", "episodes_per_init", "eval_tasks", "eval_init_s
 def load_saved_config(path: Path) -> dict[str, Any]:
     try:
         nested = json.loads(path.read_text())
-        flat = {name: value for group in nested.values() for name, value in group.items()}
-    except (json.JSONDecodeError, AttributeError) as exc:
+    except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is corrupt ({exc}); fix it or use --restart_behavior=restart") from None
+    return saved_options(nested, path)
+
+
+def saved_options(nested: Any, where: Path | str) -> dict[str, Any]:
+    """The options of a run's saved config (config.json's groups, or a copy of them), as this version has them."""
+    try:
+        flat = {name: value for group in nested.values() for name, value in group.items()}
+    except AttributeError as exc:
+        raise ConfigError(f"{where} is corrupt ({exc}); fix it or use --restart_behavior=restart") from None
     if "with_vtrace" in flat:  # written before --advantage existed
         flat["advantage"] = "vtrace" if flat.pop("with_vtrace") else "gae"
     # An option this version no longer has (written by an older or a trial version) cannot change what the run
@@ -137,7 +145,7 @@ def load_saved_config(path: Path) -> dict[str, Any]:
     flat.pop("restart_behavior", None)
     retired = sorted(name for name in flat if name not in table)
     if retired:
-        print(f"{path}: ignoring {', '.join(retired)}, which this version of sfengine does not have", file=sys.stderr)
+        print(f"{where}: ignoring {', '.join(retired)}, which this version of sfengine does not have", file=sys.stderr)
     return {name: value for name, value in flat.items() if name in table}
 
 

@@ -6,6 +6,7 @@ the critics it chose with."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -17,9 +18,11 @@ from sfengine.algorithms.offpolicy.residual import base_identity, load_base
 from sfengine.config import ConfigError, parse_config
 from sfengine.demos import write_demos
 from sfengine.engine.checkpoint import load_latest_checkpoint
+from sfengine.env.registry import resolve_env_factory
 from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.actor_critic import MODELS, ActorCritic
 from sfengine.reporting.events import read_scalars
+from sfengine.train import probe_env
 
 OBS_SPEC = ObsSpec({"obs": (3,)}, {"obs": torch.float32})
 ACTION_SPEC = ActionSpec(discrete=False, dim=2, low=(-2.0, 0.0), high=(2.0, 1.0))
@@ -154,7 +157,7 @@ def test_td3s_correction_of_a_weak_clone_learns_sparse_reach(reach_clone, train_
 
 
 @pytest.mark.slow
-def test_an_ibrl_run_saves_the_critics_it_chose_with_and_evaluates_by_them(reach_clone, train_dir):
+def test_an_ibrl_run_saves_the_critics_it_chose_with_and_evaluates_by_them(reach_clone, train_dir, tmp_path):
     # Through the engine: the critics choose from the first gradient step on (train/target_base_share), the
     # checkpoint's policy carries the critics as they were last synced (its chooser), and sfengine.evaluate acts
     # with that pair. (Choosing itself is checked against hand-computed values above.)
@@ -170,6 +173,22 @@ def test_an_ibrl_run_saves_the_critics_it_chose_with_and_evaluates_by_them(reach
     assert chooser.keys() == critics.keys() and all(torch.equal(chooser[k], critics[k]) for k in critics)
     result = evaluate(f"--train_dir={train_dir}", "--experiment=ibrl", "--eval_episodes=10")
     assert result.returncode == 0 and "success" in result.stdout, result.stderr[-2000:]
+    # The run copied where its base is not (another machine): it evaluates alike, with the base its checkpoint keeps.
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(train_dir / "ibrl", elsewhere / "ibrl")
+    moved = evaluate(f"--train_dir={elsewhere}", "--experiment=ibrl", "--eval_episodes=10")
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    assert "not found; the base is this run's own copy" in moved.stderr and "success" in moved.stdout
+    here, there = (
+        parse_config([f"--train_dir={d}", "--experiment=ibrl", *RESIDUAL_REACH]) for d in (train_dir, elsewhere)
+    )
+    obs_spec, action_spec, _ = probe_env(here, resolve_env_factory("sparse_reach"))
+    original, copy = (load_base(cfg, obs_spec, action_spec).state_dict() for cfg in (here, there))
+    assert original.keys() == copy.keys() and all(torch.equal(original[k], copy[k]) for k in original)
+    # The copy stands in only for the base the run was over: a run over another that is not there is an error.
+    there.set("residual_over", "another_clone")
+    with pytest.raises(ConfigError, match="--residual_over=another_clone: no checkpoint file"):
+        load_base(there, obs_spec, action_spec)
 
 
 def test_a_base_on_a_device_of_its_own_stays_there_when_the_policy_moves(base_model):

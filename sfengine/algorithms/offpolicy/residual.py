@@ -21,42 +21,36 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 from sfengine.config import Config, ConfigError
-from sfengine.engine.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+from sfengine.engine.checkpoint import CheckpointError, find_checkpoint, list_checkpoints, load_checkpoint
 from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.models.actor_critic import ACTIVATIONS, MODELS, ActorCritic, mlp
+
+log = logging.getLogger("sfengine")
 
 
 def load_base(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> ActorCritic:
     """The frozen base ``--residual_over`` names, built for this env's spaces: a registered model (its factory
     brings its weights), or the policy of a checkpoint (a file, or the latest of an experiment) built as its run's
-    config.json says. A policy that does not fit the env is a ConfigError."""
+    config.json says. Where that checkpoint is gone, the copy this run's own checkpoints keep (see
+    ``base_copy_in_run``). A policy that does not fit the env is a ConfigError."""
     source = cfg.algorithm_options.residual_over
     if source in MODELS:
         base = MODELS[source](cfg, obs_spec, action_spec)
-        where = f"registered model {source!r}"
+        base.source, base.source_config = f"registered model {source!r}", None
     else:
-        from sfengine.config.files import load_saved_config
+        from sfengine.config.files import saved_options
         from sfengine.config.parsing import _layered
 
-        try:
-            path = find_checkpoint(source, cfg.run.train_dir, "--residual_over")
-            state = load_checkpoint(path)
-        except CheckpointError as exc:
-            raise ConfigError(str(exc)) from None
-        saved = path.parent.parent / "config.json"
-        if not saved.is_file():
-            raise ConfigError(
-                f"--residual_over={source}: {path} has no config.json two folders up (its run's), which says how "
-                "its policy is built; give a checkpoint inside its run's checkpoints/ folder"
-            )
-        base_cfg = _layered([(load_saved_config(saved), str(saved))])
-        trained_on = json.loads(saved.read_text()).get("env", {}).get("env", "?")
+        saved, weights, where = base_checkpoint(cfg, source)
+        base_cfg = _layered([(saved_options(saved, where), where)])
+        trained_on = saved.get("env", {}).get("env", "?")
         if base_cfg.model.action_chunk != cfg.model.action_chunk:
             raise ConfigError(
                 f"--residual_over={source}: its policy was trained with --action_chunk={base_cfg.model.action_chunk} "
@@ -64,22 +58,68 @@ def load_base(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> ActorC
             )
         try:
             base = ActorCritic.for_config(base_cfg, obs_spec, action_spec)
-            base.load_state_dict(state["model"])
+            base.load_state_dict(weights)
         except (RuntimeError, ConfigError, KeyError) as exc:
             first = str(exc).splitlines()[0]
             raise ConfigError(
                 f"--residual_over={source}: its policy (trained on --env={trained_on}) does not fit env "
                 f"'{cfg.env.env}' ({first[:200]}); give a base trained on this env and its observations"
             ) from None
-        where = str(path)
+        base.source, base.source_config = where, saved
     if base.action_spec.dim != action_spec.dim:
         raise ConfigError(
             f"--residual_over={source}: the base acts {base.action_spec.dim} values a decision, this run "
             f"{action_spec.dim} ({action_spec.chunk} x {action_spec.env_dim}); give a base of this env, with "
             "--action_chunk set to the base's chunk"
         )
-    base.source = where
     return base.requires_grad_(False).eval()
+
+
+def base_checkpoint(cfg: Config, source: str) -> tuple[dict, dict, str]:
+    """The base's run config (config.json's groups), its policy's weights, and where they come from."""
+    try:
+        path = find_checkpoint(source, cfg.run.train_dir, "--residual_over")
+        state = load_checkpoint(path)
+    except CheckpointError as exc:
+        copy = base_copy_in_run(cfg, source)
+        if copy is None:
+            raise ConfigError(str(exc)) from None
+        return copy
+    saved = path.parent.parent / "config.json"
+    try:
+        return json.loads(saved.read_text()), state["model"], str(path)
+    except (OSError, json.JSONDecodeError):
+        raise ConfigError(
+            f"--residual_over={source}: {path} has no readable config.json two folders up (its run's), which says "
+            "how its policy is built; give a checkpoint inside its run's checkpoints/ folder"
+        ) from None
+
+
+def base_copy_in_run(cfg: Config, source: str) -> tuple[dict, dict, str] | None:
+    """A run over a checkpoint keeps a copy of its base: the base's config in the trainer's state (``residual_base``)
+    and its weights in the policy's (``base.*``). Where the checkpoint ``source`` names is gone (moved, deleted, or
+    this run copied to another machine), resuming or evaluating this run takes the base from its latest checkpoint,
+    if that run was over the same ``source``."""
+    checkpoints = list_checkpoints(cfg.experiment_dir)
+    if not checkpoints:
+        return None
+    try:
+        state = load_checkpoint(checkpoints[-1])
+    except CheckpointError:
+        return None
+    kept = next(
+        (part["residual_base"] for part in state.values() if isinstance(part, dict) and "residual_base" in part), None
+    )
+    if not kept or kept["option"] != source:
+        return None
+    weights = {name[len("base.") :]: value for name, value in state["model"].items() if name.startswith("base.")}
+    log.warning(
+        "--residual_over=%s: not found; the base is this run's own copy in %s (first from %s)",
+        source,
+        checkpoints[-1],
+        kept["source"],
+    )
+    return kept["config"], weights, kept["source"]
 
 
 class ResidualPolicy:
@@ -204,3 +244,12 @@ def base_identity(model: ActorCritic) -> str:
     """Where a residual policy's base came from (a checkpoint path, a registered model), or ""."""
     base = getattr(model, "base", None)
     return getattr(base, "source", "") if base is not None else ""
+
+
+def base_copy(model: ActorCritic, option: str) -> dict | None:
+    """What a checkpoint keeps of a base from a checkpoint (the weights are the policy's own ``base.*``): the option
+    that named it, where it came from, and its run's config, so that the run resumes and evaluates without it."""
+    base = getattr(model, "base", None)
+    if base is None or getattr(base, "source_config", None) is None:
+        return None
+    return {"option": option, "source": base.source, "config": base.source_config}

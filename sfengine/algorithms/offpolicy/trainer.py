@@ -23,7 +23,7 @@ from torch import Tensor
 
 from sfengine.algorithms.offpolicy.critics import CriticEnsemble, soft_update_
 from sfengine.algorithms.offpolicy.replay import NStep, Replay
-from sfengine.algorithms.offpolicy.residual import base_identity
+from sfengine.algorithms.offpolicy.residual import base_copy, base_identity
 from sfengine.config import Config
 from sfengine.demos.fit import read_run_demos
 from sfengine.engine.buffers import TrajectoryBuffers
@@ -237,6 +237,7 @@ class OffPolicyTrainer(Trainer):
             "learning_from": self.learning_from,
             "generator": self.generator.get_state(),
             "residual_over": base_identity(self.model),  # the base's weights are the model's own ``base.*``
+            "residual_base": base_copy(self.model, self.options.residual_over),
             **self.extra_state(),
         }
         if self.options.save_replay:
