@@ -176,7 +176,7 @@ def test_an_ibrl_run_saves_the_critics_it_chose_with_and_evaluates_by_them(reach
     # The run copied where its base is not (another machine): it evaluates alike, with the base its checkpoint keeps.
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(train_dir / "ibrl", elsewhere / "ibrl")
-    moved = evaluate(f"--train_dir={elsewhere}", "--experiment=ibrl", "--eval_episodes=10")
+    moved = evaluate(f"--train_dir={elsewhere}", "--experiment=ibrl", "--eval_episodes=2")
     assert moved.returncode == 0, moved.stderr[-2000:]
     assert "not found; the base is this run's own copy" in moved.stderr and "success" in moved.stdout
     here, there = (
