@@ -19,12 +19,15 @@ Every run leaves ``<out>/<env>/<system>_seed<k>.json`` (``benchmarks/peer_record
 when it exists (``--rerun_peers`` to run it again): peers take 15-60 minutes a run on 2 cores. sfengine's rows are
 always run. The tables and plots are made from every file present: ``<out>/summary.json``, ``<out>/summary.md``,
 and ``<out>/<env>.png`` (mean return of the last 100 episodes against env steps and against wall-clock time).
+Each run also records the CPU seconds its process tree took (``cpu_sec``): where runs shared the machine or ran
+with different thread counts, their wall times are not comparable and their CPU times are.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -55,11 +58,27 @@ COLORS = {
 }
 
 
+def children_cpu_sec() -> float:
+    """CPU seconds (user + system) of this process's finished children and theirs, so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_counting_cpu(command: list[str], **kwargs) -> float:
+    """Run ``command`` to its end; the CPU seconds its whole process tree took. Unlike wall time, that figure does
+    not depend on what else the machine ran meanwhile, so runs on a shared machine stay comparable by it."""
+    before = children_cpu_sec()
+    subprocess.run(command, check=True, **kwargs)
+    return round(children_cpu_sec() - before, 1)
+
+
 def run_peer(system: str, env: str, seed: int, env_steps: int, out: Path, threads: int, algo: str) -> None:
     command = [sys.executable, "-m", (SAC_PEERS if algo == "sac" else PEERS)[system], f"--env={env}", f"--seed={seed}"]
     command += [f"--env_steps={env_steps}", f"--threads={threads}", f"--out={out}"]
     print(" ".join(command), flush=True)
-    subprocess.run(command, check=True)
+    cpu_sec = run_counting_cpu(command)
+    record = json.loads(out.read_text())
+    write_json(out, {**record, "cpu_sec": cpu_sec, "threads": threads})
 
 
 def run_sfengine(env: str, seed: int, env_steps: int, out: Path, device: str, extra: list[str]) -> None:
@@ -74,7 +93,7 @@ def run_sfengine(env: str, seed: int, env_steps: int, out: Path, device: str, ex
         command += [f"--experiment={experiment}", "--report_every_sec=5", "--restart_behavior=overwrite", *extra]
         print(" ".join(command), flush=True)
         started = time.time()
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        cpu_sec = run_counting_cpu(command, stdout=subprocess.DEVNULL)
         summary = json.loads((Path(train_dir) / experiment / "summary.json").read_text())
         points = read_scalars(Path(train_dir) / experiment)[RETURN_TAG]
         config = json.loads((Path(train_dir) / experiment / "config.json").read_text())
@@ -85,6 +104,7 @@ def run_sfengine(env: str, seed: int, env_steps: int, out: Path, device: str, ex
         "env_steps": summary["env_steps"],
         "wall_sec": summary["wall_seconds"],
         "fps": round(summary["env_steps"] / summary["wall_seconds"]),
+        "cpu_sec": cpu_sec,
         "final_return": summary["episode_return_mean"],
         "settings": {name: value for group in config.values() for name, value in group.items()},
         "curve": [[p.step, round(p.wall_time - started, 3), p.value] for p in points],
@@ -110,10 +130,16 @@ def aggregate(out_dir: Path, envs: list[str], algo: str = "ppo") -> dict:
                 "return_std": statistics.pstdev(returns),
                 "wall_sec_mean": statistics.fmean(r["wall_sec"] for r in system_runs),
                 "fps_mean": statistics.fmean(r["fps"] for r in system_runs),
+                # CPU seconds: comparable where the runs shared the machine (runs before it was recorded: None).
+                "cpu_sec_mean": mean_or_none([r.get("cpu_sec") for r in system_runs]),
                 "env_steps": min(r["env_steps"] for r in system_runs),
             }
         table[env] = {"rows": rows, "targets": targets(env, rows, algo)}
     return table
+
+
+def mean_or_none(values: list[float | None]) -> float | None:
+    return statistics.fmean(values) if values and None not in values else None
 
 
 def targets(env: str, rows: dict[str, dict], algo: str = "ppo") -> dict:
@@ -131,23 +157,27 @@ def targets(env: str, rows: dict[str, dict], algo: str = "ppo") -> dict:
         result["speedup_over_fastest_peer"] = round(fastest / ours["wall_sec_mean"], 2)
         bar = TIME_BARS[algo]
         result[f"wall_time_at_most_1/{bar}_of_fastest_peer"] = ours["wall_sec_mean"] * bar <= fastest
+        cpu = [r["cpu_sec_mean"] for r in peers.values()]
+        if ours["cpu_sec_mean"] is not None and None not in cpu:
+            result["cpu_time_ratio_to_leanest_peer"] = round(ours["cpu_sec_mean"] / min(cpu), 2)
     return result
 
 
 def markdown(table: dict, algo: str = "ppo") -> str:
     lines = [
-        "| env | system | seeds | return (last 100 episodes), mean ± std | wall time s | FPS |",
-        "|---|---|---|---|---|---|",
+        "| env | system | seeds | return (last 100 episodes), mean ± std | wall time s | CPU time s | FPS |",
+        "|---|---|---|---|---|---|---|",
     ]
     for env, entry in table.items():
         for system, row in sorted(entry["rows"].items()):
+            cpu = "" if row.get("cpu_sec_mean") is None else f"{row['cpu_sec_mean']:.0f}"
             lines.append(
                 f"| {env} | {system} | {len(row['seeds'])} | {row['return_mean']:.1f} ± {row['return_std']:.1f} | "
-                f"{row['wall_sec_mean']:.0f} | {row['fps_mean']:,.0f} |"
+                f"{row['wall_sec_mean']:.0f} | {cpu} | {row['fps_mean']:,.0f} |"
             )
         if env in CLEANRL_PUBLISHED and algo == "ppo":
             mean, std = CLEANRL_PUBLISHED[env]
-            lines.append(f"| {env} | CleanRL published (v4, 3 seeds) | 3 | {mean} ± {std} | | |")
+            lines.append(f"| {env} | CleanRL published (v4, 3 seeds) | 3 | {mean} ± {std} | | | |")
     lines.append("")
     for env, entry in table.items():
         if entry["targets"]:
