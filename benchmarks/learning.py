@@ -53,6 +53,7 @@ COLORS = {
     "sfengine": "tab:blue",
     "sfengine-cuda": "tab:cyan",
     "sfengine-sb3recipe": "tab:purple",  # a diagnostic: sfengine's engine with SB3's SAC settings (README)
+    "sfengine-1env": "tab:red",  # a diagnostic: sfengine with one env, so the acting policy lags less (README)
     "sb3": "tab:orange",
     "cleanrl": "tab:green",
 }
