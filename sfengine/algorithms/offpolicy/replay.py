@@ -13,7 +13,8 @@ stop at an episode's end and at a row's end (entry T bootstraps them): each is e
 
 An entry whose env step failed (it raised, or returned a NaN) has no outcome to learn from: no draw starts there,
 and a return that reaches it stops at the entry before, bootstrapped from that entry's next observation (the failed
-entry's own, the last good one), so that no target counts a made-up reward or a made-up next state. ``replay_size`` counts env steps; the ring holds ``replay_size // (T x K)`` rows and overwrites the oldest.
+entry's own, the last good one), so that no target counts a made-up reward or a made-up next state.
+``replay_size`` counts env steps; the ring holds ``replay_size // (T x K)`` rows and overwrites the oldest.
 
 With action chunks (``--action_chunk=K``) an entry is one decision: the chunk's K actions, their reward discounted
 to the chunk's first step, and the env steps it took (K, fewer where the episode ended inside it). n-step returns
