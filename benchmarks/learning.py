@@ -54,6 +54,7 @@ COLORS = {
     "sfengine-cuda": "tab:cyan",
     "sfengine-sb3recipe": "tab:purple",  # a diagnostic: sfengine's engine with SB3's SAC settings (README)
     "sfengine-1env": "tab:red",  # a diagnostic: sfengine with one env, so the acting policy lags less (README)
+    "sfengine-serial": "tab:brown",  # a diagnostic: sfengine's trainer in the peers' serial loop (sac_serial)
     "sb3": "tab:orange",
     "cleanrl": "tab:green",
 }

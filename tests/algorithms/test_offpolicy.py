@@ -344,6 +344,65 @@ def test_the_actor_climbs_the_ensembles_mean_q_or_its_minimum(reduce):
     assert not torch.allclose(q.mean(0), q.min(0).values)  # the members differ, so the two choices do
 
 
+def test_with_the_peers_settings_one_sac_step_is_the_textbook_update():
+    """Clipped double Q over 2 plain critics, the actor on their minimum, raw observations: the critics, the actor
+    and the temperature after one step are those of SAC's update written out with torch.distributions, on the same
+    weights and the same noise."""
+    trainer = make_trainer("sac", critic_layer_norm=False, actor_q="min", normalize_input=False, init_temperature=0.5)
+    trainer.train(batch(0), 0, 0)  # fills the replay (and takes its own steps)
+    b = trainer.sample()
+    actor, critics, targets = (copy.deepcopy(m) for m in (trainer.model, trainer.critics, trainer.target_critics))
+    log_alpha = trainer.log_alpha.detach().clone().requires_grad_(True)
+    critic_opt = torch.optim.Adam(critics.parameters(), lr=trainer.options.critic_learning_rate)
+    critic_opt.load_state_dict(copy.deepcopy(trainer.critic_optimizer.state_dict()))
+    actor_opt = torch.optim.Adam(actor.parameters(), lr=3e-4, eps=trainer.cfg.learner.adam_eps)
+    actor_opt.load_state_dict(copy.deepcopy(trainer.optimizer.state_dict()))
+    alpha_opt = torch.optim.Adam([log_alpha], lr=trainer.options.critic_learning_rate)
+    alpha_opt.load_state_dict(copy.deepcopy(trainer.alpha_optimizer.state_dict()))
+    low, high = torch.tensor([-2.0, 0.0]), torch.tensor([2.0, 1.0])
+
+    def policy(obs):
+        """A squashed Gaussian's reparameterised action (in the box and in [-1, 1]) and its log-density."""
+        mean, log_std = actor.policy_params(obs).chunk(2, -1)
+        gaussian = torch.distributions.Normal(mean, log_std.clamp(-5, 2).exp())
+        u = mean + torch.randn_like(mean) * gaussian.stddev  # the draw the policy takes from the global stream
+        unit = torch.tanh(u)
+        log_prob = (gaussian.log_prob(u) - torch.log((high - low) / 2 * (1 - unit.pow(2)))).sum(-1)
+        return low + (unit + 1) * (high - low) / 2, unit, log_prob
+
+    def q(networks, obs, unit):
+        return networks(obs["obs"], unit)
+
+    torch.manual_seed(11)
+    trainer.critic_step(b)
+    trainer.actor_step(b)
+    torch.manual_seed(11)
+    with torch.no_grad():
+        _, next_unit, next_log_prob = policy(b.next_obs)
+        next_v = q(targets, b.next_obs, next_unit).min(0).values - log_alpha.exp() * next_log_prob
+        target = b.returns + b.discounts * next_v
+    unit_taken = (b.actions - (high + low) / 2) / ((high - low) / 2)
+    critic_loss = sum(((member - target) ** 2).mean() for member in q(critics, b.obs, unit_taken))
+    critic_opt.zero_grad()
+    critic_loss.backward()
+    critic_opt.step()
+    _, unit, log_prob = policy(b.obs)
+    critics.requires_grad_(False)
+    actor_loss = (log_alpha.exp().detach() * log_prob - q(critics, b.obs, unit).min(0).values).mean()
+    actor_opt.zero_grad()
+    actor_loss.backward()
+    actor_opt.step()
+    alpha_loss = -(log_alpha * (log_prob.detach() - 2.0)).mean()  # the target entropy: -(action dimensions)
+    alpha_opt.zero_grad()
+    alpha_loss.backward()
+    alpha_opt.step()
+    for mine, textbook in ((trainer.critics, critics), (trainer.model, actor)):
+        for a, b_ in zip(mine.parameters(), textbook.parameters(), strict=True):
+            assert torch.allclose(a, b_, atol=1e-6)
+    assert trainer.log_alpha.item() == pytest.approx(log_alpha.item(), abs=1e-7)
+    assert trainer.log_alpha.item() != pytest.approx(math.log(0.5), abs=1e-5)  # it moved
+
+
 def test_the_actor_waits_for_the_critics_warm_up():
     trainer = make_trainer("td3", critic_warmup_updates=40, actor_delay=1)
     weights = lambda: {name: p.detach().clone() for name, p in trainer.model.named_parameters()}  # noqa: E731

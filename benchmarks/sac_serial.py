@@ -1,0 +1,90 @@
+"""sfengine's SAC (its ``SquashedGaussianActor`` and ``SACTrainer``, any of its options) in the serial loop the
+peers run: one env, uniformly random actions for the first ``--learning_starts`` env steps, then one gradient step
+after each env step, acting with the policy of the step before. No rollout workers, no inference worker, no
+batches: what it learns against ``benchmarks.learning``'s sfengine runs separates the trainer and its defaults
+from the engine's data flow (16 envs, a policy that acts some training batches behind the learner, the gradient
+steps a batch owes taken together).
+
+    python -m benchmarks.sac_serial --env=Hopper-v5 --seed=3 --env_steps=300000 --out=run.json -- --critic_layer_norm=False
+
+The record is ``benchmarks.peer_record``'s (the system ``sfengine-serial``), so ``benchmarks.learning`` and the
+plots read it beside the others. Each transition enters the replay as a one-step trajectory: a termination cuts
+the bootstrap, a time limit bootstraps from the episode's own last observation, as in the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from benchmarks.peer_record import EpisodeLog
+from sfengine.algorithms.sac.actor import SquashedGaussianActor
+from sfengine.algorithms.sac.trainer import SACTrainer
+from sfengine.config import parse_config
+from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.env.spaces import ActionSpec, ObsSpec
+
+SYSTEM = "sfengine-serial"
+
+
+def train(env_id: str, seed: int, env_steps: int, out: str, options: list[str]) -> dict:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    cfg = parse_config(["--algo=sac", f"--env={env_id}", "--rollout=1", f"--seed={seed}", *options])
+    env = gym.make(env_id)
+    env.action_space.seed(seed)
+    obs_spec = ObsSpec({"obs": env.observation_space.shape}, {"obs": torch.float32})
+    low, high = env.action_space.low, env.action_space.high
+    action_spec = ActionSpec(False, dim=len(low), low=tuple(low.tolist()), high=tuple(high.tolist()))
+    model = SquashedGaussianActor.build(cfg, obs_spec, action_spec)
+    trainer = SACTrainer(model, cfg)
+    step = TrajectoryBuffers.allocate(1, 1, obs_spec, action_spec, shared=False, final_obs=True)
+    step.chunk_steps[:] = 1
+    step.outcomes[:] = 0.0
+    log = EpisodeLog(SYSTEM, env_id, seed)
+    obs, _ = env.reset(seed=seed)
+    episode_return = 0.0
+    for t in range(env_steps):
+        if t < cfg.algorithm_options.learning_starts:
+            action = env.action_space.sample()
+        else:
+            with torch.inference_mode():
+                params = model.policy_params({"obs": torch.as_tensor(obs, dtype=torch.float32)[None]})
+                action = model.sample(params)[0][0].numpy()
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        step.obs["obs"][0, 0] = torch.as_tensor(obs)
+        step.obs["obs"][0, 1] = torch.as_tensor(next_obs)
+        step.final_obs["obs"][0, 0] = torch.as_tensor(next_obs)
+        step.actions[0, 0] = torch.as_tensor(action)
+        step.rewards[0, 0] = float(reward)
+        step.terminated[0, 0] = bool(terminated)
+        step.truncated[0, 0] = bool(truncated) and not terminated
+        trainer.train(step, 0, t + 1)
+        episode_return += float(reward)
+        obs = next_obs
+        if terminated or truncated:
+            log.episode(t + 1, episode_return)
+            obs, _ = env.reset()
+            episode_return = 0.0
+    return log.write(out, env_steps, {"sfengine_options": options})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", required=True)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--env_steps", type=int, default=300_000)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("options", nargs="*", help="sfengine options after --, as for sfengine.train")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    record = train(args.env, args.seed, args.env_steps, args.out, args.options)
+    print(f"{SYSTEM} {args.env} seed {args.seed}: return {record['final_return']:.1f} in {record['wall_sec']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
