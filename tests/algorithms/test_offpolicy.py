@@ -362,33 +362,30 @@ def test_with_the_peers_settings_one_sac_step_is_the_textbook_update():
     low, high = torch.tensor([-2.0, 0.0]), torch.tensor([2.0, 1.0])
 
     def policy(obs):
-        """A squashed Gaussian's reparameterised action (in the box and in [-1, 1]) and its log-density."""
+        """A squashed Gaussian's reparameterised action in [-1, 1] (what the critics read) and its log-density."""
         mean, log_std = actor.policy_params(obs).chunk(2, -1)
         gaussian = torch.distributions.Normal(mean, log_std.clamp(-5, 2).exp())
         u = mean + torch.randn_like(mean) * gaussian.stddev  # the draw the policy takes from the global stream
         unit = torch.tanh(u)
         log_prob = (gaussian.log_prob(u) - torch.log((high - low) / 2 * (1 - unit.pow(2)))).sum(-1)
-        return low + (unit + 1) * (high - low) / 2, unit, log_prob
-
-    def q(networks, obs, unit):
-        return networks(obs["obs"], unit)
+        return unit, log_prob
 
     torch.manual_seed(11)
     trainer.critic_step(b)
     trainer.actor_step(b)
     torch.manual_seed(11)
     with torch.no_grad():
-        _, next_unit, next_log_prob = policy(b.next_obs)
-        next_v = q(targets, b.next_obs, next_unit).min(0).values - log_alpha.exp() * next_log_prob
+        next_unit, next_log_prob = policy(b.next_obs)
+        next_v = targets(b.next_obs["obs"], next_unit).min(0).values - log_alpha.exp() * next_log_prob
         target = b.returns + b.discounts * next_v
     unit_taken = (b.actions - (high + low) / 2) / ((high - low) / 2)
-    critic_loss = sum(((member - target) ** 2).mean() for member in q(critics, b.obs, unit_taken))
+    critic_loss = sum(((member - target) ** 2).mean() for member in critics(b.obs["obs"], unit_taken))
     critic_opt.zero_grad()
     critic_loss.backward()
     critic_opt.step()
-    _, unit, log_prob = policy(b.obs)
+    unit, log_prob = policy(b.obs)
     critics.requires_grad_(False)
-    actor_loss = (log_alpha.exp().detach() * log_prob - q(critics, b.obs, unit).min(0).values).mean()
+    actor_loss = (log_alpha.exp().detach() * log_prob - critics(b.obs["obs"], unit).min(0).values).mean()
     actor_opt.zero_grad()
     actor_loss.backward()
     actor_opt.step()
