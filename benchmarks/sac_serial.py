@@ -7,6 +7,9 @@ steps a batch owes taken together).
 
     python -m benchmarks.sac_serial --env=Hopper-v5 --seed=3 --env_steps=300000 --out=run.json -- --critic_layer_norm=False
 
+``--num_envs=16`` steps 16 envs in turn, still a gradient step after each env step and acting with the newest
+policy: the engine's number of envs without its lag or its bursts.
+
 The record is ``benchmarks.peer_record``'s (the system ``sfengine-serial``), so ``benchmarks.learning`` and the
 plots read it beside the others. Each transition enters the replay as a one-step trajectory: a termination cuts
 the bootstrap, a time limit bootstraps from the episode's own last observation, as in the engine.
@@ -30,26 +33,28 @@ from sfengine.env.spaces import ActionSpec, ObsSpec
 SYSTEM = "sfengine-serial"
 
 
-def train(env_id: str, seed: int, env_steps: int, out: str, options: list[str]) -> dict:
+def train(env_id: str, seed: int, env_steps: int, out: str, options: list[str], num_envs: int = 1) -> dict:
     torch.manual_seed(seed)
     np.random.seed(seed)
     cfg = parse_config(["--algo=sac", f"--env={env_id}", "--rollout=1", f"--seed={seed}", *options])
-    env = gym.make(env_id)
-    env.action_space.seed(seed)
-    obs_spec = ObsSpec({"obs": env.observation_space.shape}, {"obs": torch.float32})
-    low, high = env.action_space.low, env.action_space.high
-    action_spec = ActionSpec(False, dim=len(low), low=tuple(low.tolist()), high=tuple(high.tolist()))
+    envs = [gym.make(env_id) for _ in range(num_envs)]
+    envs[0].action_space.seed(seed)
+    space = envs[0].action_space
+    obs_spec = ObsSpec({"obs": envs[0].observation_space.shape}, {"obs": torch.float32})
+    action_spec = ActionSpec(False, dim=space.shape[0], low=tuple(space.low.tolist()), high=tuple(space.high.tolist()))
     model = SquashedGaussianActor.build(cfg, obs_spec, action_spec)
     trainer = SACTrainer(model, cfg)
     step = TrajectoryBuffers.allocate(1, 1, obs_spec, action_spec, shared=False, final_obs=True)
     step.chunk_steps[:] = 1
     step.outcomes[:] = 0.0
     log = EpisodeLog(SYSTEM, env_id, seed)
-    obs, _ = env.reset(seed=seed)
-    episode_return = 0.0
+    observations = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
+    returns = [0.0] * num_envs
     for t in range(env_steps):
+        i = t % num_envs
+        env, obs = envs[i], observations[i]
         if t < cfg.algorithm_options.learning_starts:
-            action = env.action_space.sample()
+            action = space.sample()
         else:
             with torch.inference_mode():
                 params = model.policy_params({"obs": torch.as_tensor(obs, dtype=torch.float32)[None]})
@@ -63,13 +68,13 @@ def train(env_id: str, seed: int, env_steps: int, out: str, options: list[str]) 
         step.terminated[0, 0] = bool(terminated)
         step.truncated[0, 0] = bool(truncated) and not terminated
         trainer.train(step, 0, t + 1)
-        episode_return += float(reward)
-        obs = next_obs
+        returns[i] += float(reward)
+        observations[i] = next_obs
         if terminated or truncated:
-            log.episode(t + 1, episode_return)
-            obs, _ = env.reset()
-            episode_return = 0.0
-    return log.write(out, env_steps, {"sfengine_options": options})
+            log.episode(t + 1, returns[i])
+            observations[i], _ = env.reset()
+            returns[i] = 0.0
+    return log.write(out, env_steps, {"sfengine_options": options, "num_envs": num_envs})
 
 
 def main() -> None:
@@ -78,11 +83,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--env_steps", type=int, default=300_000)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--num_envs", type=int, default=1, help="envs stepped in turn (the engine runs 16)")
     parser.add_argument("--out", required=True)
     parser.add_argument("options", nargs="*", help="sfengine options after --, as for sfengine.train")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    record = train(args.env, args.seed, args.env_steps, args.out, args.options)
+    record = train(args.env, args.seed, args.env_steps, args.out, args.options, args.num_envs)
     print(f"{SYSTEM} {args.env} seed {args.seed}: return {record['final_return']:.1f} in {record['wall_sec']:.0f} s")
 
 

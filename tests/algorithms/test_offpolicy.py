@@ -99,6 +99,46 @@ def test_the_learner_takes_replay_ratio_gradient_steps_per_env_step_after_learni
     assert [trainer.train(batch(seed), 0, 0)["gradient_steps"] for seed in range(5)] == [3, 3, 3, 3, 4]  # 3.2 each
 
 
+def quarter_shares(unit_actions):
+    """The share of actions in each quarter of [-1, 1], per dimension: [4, dims]."""
+    return torch.stack(
+        [((unit_actions >= lo) & (unit_actions < lo + 0.5)).float().mean(0) for lo in (-1, -0.5, 0, 0.5)]
+    )
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_the_agent_acts_uniformly_at_random_until_the_first_gradient_step(algo):
+    trainer = make_trainer(algo, learning_starts=64)
+    model, obs = trainer.model, {"obs": torch.randn(8000, 3)}
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        acted = model.act(obs)
+        mode = model.act(obs, deterministic=True).actions
+    assert torch.allclose(quarter_shares(model.to_unit(acted.actions)), torch.tensor(0.25), atol=0.015)
+    assert torch.allclose(acted.log_probs, torch.tensor(-math.log(4.0 * 1.0)))  # the box's density: 1 / (4 x 1)
+    assert torch.equal(mode, model.mode(model.policy_params(obs))[0])  # evaluation takes the policy's mode
+    # The learner's first gradient step (the second batch: 64 env steps in) hands acting to the policy.
+    trainer.train(batch(0), 0, 0)
+    assert model.acts_uniformly == 1
+    trainer.train(batch(1), 1, 0)
+    torch.manual_seed(1)
+    with torch.inference_mode():
+        acted = model.act(obs).actions
+    torch.manual_seed(1)
+    with torch.inference_mode():
+        sampled = model.sample(model.policy_params(obs))[0]
+    assert model.acts_uniformly == 0 and torch.equal(acted, sampled)
+    assert not torch.allclose(quarter_shares(model.to_unit(acted)), torch.tensor(0.25), atol=0.015)
+    # Asked for, or starting from trained weights, the agent acts with its policy from the start; a checkpoint
+    # written before the flag was kept loads as a policy that acts as itself.
+    assert make_trainer(algo, initial_actions="policy").model.acts_uniformly == 0
+    assert make_trainer(algo, init_from="run/checkpoints/latest.pt").model.acts_uniformly == 0
+    fresh = make_trainer(algo).model
+    old = {name: value for name, value in fresh.state_dict().items() if name != "acts_uniformly"}
+    fresh.load_state_dict(old)
+    assert fresh.acts_uniformly == 0
+
+
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_a_resumed_trainer_goes_on_with_the_same_critics_targets_optimisers_and_temperature(algo):
     trainer = make_trainer(algo, save_replay=True, actor_delay=2)

@@ -21,6 +21,13 @@ class OffPolicyOptions:
         "batch of new data owes before it accepts the next (sampling waits while it falls behind)",
     )
     learning_starts: int = option(5000, "env steps in the replay before the first gradient step")
+    initial_actions: str = option(
+        "uniform",
+        "how the agent acts until the learner's first gradient step: uniform (uniformly at random in the action "
+        "box, as SB3, CleanRL and the TD3 paper fill their replays) or policy (the untrained policy's own actions); "
+        "a run with --init_from or --residual_over acts with its policy (its base) from the start",
+        ("uniform", "policy"),
+    )
     n_step: int = option(1, "steps of reward before the bootstrap (stops at an episode's end)")
     num_critics: int = option(2, "Q critics in the ensemble (one batched network)")
     critic_subset: int = option(2, "the target is the minimum over this many critics drawn at random per minibatch")

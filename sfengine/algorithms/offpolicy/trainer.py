@@ -107,6 +107,8 @@ class OffPolicyTrainer(Trainer):
             return stats | {"gradient_steps": 0.0}
         if self.learning_from < 0:
             self.learning_from = self.env_steps_seen - new_steps
+            if hasattr(self.model, "acts_uniformly"):
+                self.model.acts_uniformly.zero_()  # the agent acts with its policy from the next weights on
         self.owed += self.options.replay_ratio * new_steps / world
         steps = int(self.owed)
         self.owed -= steps

@@ -20,7 +20,7 @@ from torch import Tensor
 from sfengine.algorithms.offpolicy.residual import ResidualPolicy
 from sfengine.config import Config, ConfigError
 from sfengine.env.spaces import ActionSpec, ObsSpec
-from sfengine.models.actor_critic import ActorCritic
+from sfengine.models.actor_critic import ActorCritic, PolicyOutput
 from sfengine.models.distributions import gaussian_entropy, gaussian_log_prob
 
 EDGE = 1e-6  # how close to the box's edge an action is taken back through atanh
@@ -44,10 +44,32 @@ class SquashedGaussianActor(ActorCritic):
         super().__init__(obs_spec, action_spec, cfg, critic=False)
         self.register_buffer("action_center", (high + low) / 2)
         self.register_buffer("action_half_range", (high - low) / 2)
+        # 1 until the learner's first gradient step under --initial_actions=uniform: the agent then acts uniformly
+        # at random. A buffer, so it reaches the acting processes with the weights and stays 0 in a checkpoint.
+        self.register_buffer("acts_uniformly", torch.zeros(()))
 
     @classmethod
     def build(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> SquashedGaussianActor:
-        return cls(obs_spec, action_spec, cfg.model)
+        return cls(obs_spec, action_spec, cfg.model).with_initial_actions(cfg)
+
+    def with_initial_actions(self, cfg: Config) -> SquashedGaussianActor:
+        """Set the agent to act uniformly at random until learning starts, where --initial_actions asks for it and
+        the run starts from no trained weights (--init_from brings some)."""
+        self.acts_uniformly.fill_(cfg.algorithm_options.initial_actions == "uniform" and not cfg.run.init_from)
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A checkpoint written before the flag was kept holds a trained policy, which acts as itself.
+        state_dict.setdefault(prefix + "acts_uniformly", torch.zeros(()))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def act(self, obs: dict[str, Tensor], deterministic: bool = False) -> PolicyOutput:
+        out = super().act(obs, deterministic)
+        if deterministic or not self.acts_uniformly:
+            return out
+        actions = self.action_center + self.action_half_range * (2 * torch.rand_like(out.actions) - 1)
+        log_density = -(2 * self.action_half_range).log().sum().expand(out.log_probs.shape)
+        return PolicyOutput(actions, log_density, out.values)
 
     def to_unit(self, actions: Tensor) -> Tensor:
         """Actions in the policy's box -> [-1, 1]."""

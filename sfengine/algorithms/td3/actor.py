@@ -27,7 +27,7 @@ class DeterministicActor(SquashedGaussianActor):
 
     @classmethod
     def build(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> DeterministicActor:
-        return cls(obs_spec, action_spec, cfg.model, cfg.algorithm_options.exploration_noise)
+        return cls(obs_spec, action_spec, cfg.model, cfg.algorithm_options.exploration_noise).with_initial_actions(cfg)
 
     def action(self, params: Tensor) -> Tensor:
         """The noiseless action (differentiable in the weights)."""
