@@ -210,8 +210,12 @@ def test_a_worker_that_dies_at_every_start_stops_the_run_after_max_respawns(tmp_
 
 @pytest.mark.slow
 def test_chaos_kills_workers_every_second_and_the_run_still_finishes(train_dir):
+    # For 20 s of training: a respawn takes seconds (a new process imports torch), so how far a run of a fixed
+    # length gets under kills every second depends wholly on the machine (12,000 env steps took 9 s quiet and 200 s
+    # beside two benchmarks); the time limit holds the number of kills instead.
     shm_before = shm_entries()
-    process = start_training(train_dir, "chaos", "--train_for_env_steps=40000", "--chaos_kill_every_sec=1")
+    args = ["--train_for_env_steps=100000000", "--train_for_seconds=20", "--chaos_kill_every_sec=1"]
+    process = start_training(train_dir, "chaos", *args)
     seen = {}
     while process.poll() is None:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -220,10 +224,10 @@ def test_chaos_kills_workers_every_second_and_the_run_still_finishes(train_dir):
     output = process.communicate(timeout=240)[0]
     assert process.returncode == 0, output[-3000:]
     summary = read_summary(train_dir, "chaos")
-    assert summary["chaos_kills"] >= 3
+    assert summary["chaos_kills"] >= 5
     # Every kill but one made just before the stop was followed by a respawn, none counted against the budget.
     assert sum(summary["respawns"].values()) >= summary["chaos_kills"] - 1
-    assert summary["env_steps"] >= 40000
+    assert summary["env_steps"] >= 1024  # it trained between the kills
     assert_nothing_left(list(seen.values()), shm_before)
 
 
