@@ -399,9 +399,16 @@ def test_env_registered_from_a_user_script_runs_in_spawned_workers_with_its_own_
 
 
 @pytest.mark.slow
-def test_second_sigint_forces_the_exit_and_leaves_no_process(train_dir):
+def test_second_sigint_forces_the_exit_and_leaves_no_process(tmp_path, train_dir):
+    # The first SIGINT's stop waits for a worker hung in its env (a clean stop takes a tenth of a second, and would
+    # be over before the second signal): the second forces the exit.
     shm_before = shm_entries()
-    process = start_long_training(train_dir, "forced")
+    command = hanging_toy_command(tmp_path, train_dir, "forced", "--env=hanging_toy", "--train_for_env_steps=1000000000")
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while not (tmp_path / "hangs.py.hung").exists():
+        assert time.time() < deadline and process.poll() is None, "the env never hung"
+        time.sleep(0.1)
     children = psutil.Process(process.pid).children(recursive=True)
     process.send_signal(signal.SIGINT)
     time.sleep(0.3)  # two signals sent at once may be delivered as one
