@@ -403,7 +403,9 @@ def test_second_sigint_forces_the_exit_and_leaves_no_process(tmp_path, train_dir
     # The first SIGINT's stop waits for a worker hung in its env (a clean stop takes a tenth of a second, and would
     # be over before the second signal): the second forces the exit.
     shm_before = shm_entries()
-    command = hanging_toy_command(tmp_path, train_dir, "forced", "--env=hanging_toy", "--train_for_env_steps=1000000000")
+    command = hanging_toy_command(
+        tmp_path, train_dir, "forced", "--env=hanging_toy", "--train_for_env_steps=1000000000"
+    )
     process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
     while not (tmp_path / "hangs.py.hung").exists():
