@@ -35,20 +35,27 @@ from sfengine.env.spaces import ActionSpec, ObsSpec
 SYSTEM = "sfengine-serial"
 
 
-def train(env_id: str, seed: int, env_steps: int, out: str, options: list[str], num_envs: int = 1) -> dict:
+def set_up(env_id: str, seed: int, options: list[str], num_envs: int, rollout: int):
+    """The run's config, its envs and their action space, sfengine's actor and trainer, and the batch that carries
+    ``rollout`` steps of every env to the trainer (one env and one step in the serial loop proper)."""
     torch.manual_seed(seed)
     np.random.seed(seed)
-    cfg = parse_config(["--algo=sac", f"--env={env_id}", "--rollout=1", f"--seed={seed}", *options])
+    cfg = parse_config(["--algo=sac", f"--env={env_id}", f"--rollout={rollout}", f"--seed={seed}", *options])
     envs = [gym.make(env_id) for _ in range(num_envs)]
     envs[0].action_space.seed(seed)
     space = envs[0].action_space
     obs_spec = ObsSpec({"obs": envs[0].observation_space.shape}, {"obs": torch.float32})
     action_spec = ActionSpec(False, dim=space.shape[0], low=tuple(space.low.tolist()), high=tuple(space.high.tolist()))
     model = SquashedGaussianActor.build(cfg, obs_spec, action_spec)
-    trainer = SACTrainer(model, cfg)
-    step = TrajectoryBuffers.allocate(1, 1, obs_spec, action_spec, shared=False, final_obs=True)
-    step.chunk_steps[:] = 1
-    step.outcomes[:] = 0.0
+    rows = num_envs if rollout > 1 else 1
+    batch = TrajectoryBuffers.allocate(rows, rollout, obs_spec, action_spec, shared=False, final_obs=True)
+    batch.chunk_steps[:] = 1
+    batch.outcomes[:] = 0.0
+    return cfg, envs, space, model, SACTrainer(model, cfg), batch
+
+
+def train(env_id: str, seed: int, env_steps: int, out: str, options: list[str], num_envs: int = 1) -> dict:
+    cfg, envs, space, model, trainer, step = set_up(env_id, seed, options, num_envs, 1)
     log = EpisodeLog(SYSTEM, env_id, seed)
     observations = [env.reset(seed=seed + i)[0] for i, env in enumerate(envs)]
     returns = [0.0] * num_envs
@@ -81,19 +88,7 @@ def train(env_id: str, seed: int, env_steps: int, out: str, options: list[str], 
 
 def train_in_batches(env_id: str, seed: int, env_steps: int, out: str, options: list[str], num_envs: int, rollout: int):
     """The envs step together; every ``rollout`` steps their trajectories go to the learner as one batch."""
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    cfg = parse_config(["--algo=sac", f"--env={env_id}", f"--rollout={rollout}", f"--seed={seed}", *options])
-    envs = [gym.make(env_id) for _ in range(num_envs)]
-    envs[0].action_space.seed(seed)
-    space = envs[0].action_space
-    obs_spec = ObsSpec({"obs": envs[0].observation_space.shape}, {"obs": torch.float32})
-    action_spec = ActionSpec(False, dim=space.shape[0], low=tuple(space.low.tolist()), high=tuple(space.high.tolist()))
-    model = SquashedGaussianActor.build(cfg, obs_spec, action_spec)
-    trainer = SACTrainer(model, cfg)
-    batch = TrajectoryBuffers.allocate(num_envs, rollout, obs_spec, action_spec, shared=False, final_obs=True)
-    batch.chunk_steps[:] = 1
-    batch.outcomes[:] = 0.0
+    cfg, envs, space, model, trainer, batch = set_up(env_id, seed, options, num_envs, rollout)
     log = EpisodeLog(SYSTEM, env_id, seed)
     observations = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
     returns = [0.0] * num_envs
