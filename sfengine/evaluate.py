@@ -41,7 +41,7 @@ from sfengine.config import (
 from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from sfengine.engine.cpu_threads import set_cpu_threads
 from sfengine.engine.distributed import RankInfo
-from sfengine.engine.event_loop import start_command
+from sfengine.engine.event_loop import component_context, end_process_now, start_command
 from sfengine.engine.messages import EpisodeStats
 from sfengine.engine.sizing import Machine, resolve_auto_options
 from sfengine.env.multitask import TaskInfo
@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_config(rest, parser)
         relayout(cfg, given=set(vars(parser.parse_args(rest))))
         checkpoint = resolve_checkpoint(cfg, options)
+        if not cfg.sampler.serial_mode:
+            component_context()  # the fork server imports torch for the workers while this process goes on
         factory = resolve_env_factory(cfg.env.env)
         obs_spec, action_spec, tasks = probe_env(cfg, factory)
         if options.video_per_task:
@@ -279,4 +281,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process_now(main())

@@ -28,7 +28,7 @@ from sfengine.engine.checkpoint import (
     write_failure,
 )
 from sfengine.engine.distributed import RankInfo
-from sfengine.engine.event_loop import start_command
+from sfengine.engine.event_loop import component_context, end_process_now, start_command
 from sfengine.engine.sizing import Machine, resolve_auto_options
 from sfengine.env.check import EnvAPIError, check_env_api
 from sfengine.env.multitask import TaskInfo, selected_init_states, task_info
@@ -217,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     start_command()
     try:
         cfg = parse_config(argv)
+        if not cfg.sampler.serial_mode:
+            component_context()  # the fork server imports torch for the components while this process goes on
         factory = resolve_env_factory(cfg.env.env)
         obs_spec, action_spec, tasks = probe_env(cfg, factory)
         env_defaults = env_defaults_preset(cfg.env.env)
@@ -272,4 +274,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process_now(main())

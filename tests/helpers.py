@@ -208,14 +208,25 @@ def start_script(script: Path, train_dir: Path, experiment: str, *args: str) -> 
 
 
 def component_processes(process: subprocess.Popen, count: int = 4) -> list[psutil.Process]:
-    """The run's processes once ``count`` of them run (2 rollout workers, inference and learner by default), or as
-    many as it had when it ended: to check afterwards that none outlived it."""
+    """The run's processes (the fork server that starts its components among them) once ``count`` components run
+    (2 rollout workers, inference and learner by default), or as many as it had when it ended: to check afterwards
+    that none outlived it."""
     children, deadline = [], time.time() + 60
-    while len(children) < count and time.time() < deadline and process.poll() is None:
+    while len(components(children)) < count and time.time() < deadline and process.poll() is None:
         time.sleep(0.2)
         with contextlib.suppress(psutil.NoSuchProcess):
             children = psutil.Process(process.pid).children(recursive=True)
     return children
+
+
+def components(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """The engine's components among ``processes`` (sfe-rollout-0, sfe-inference-0, sfe-learner, ...)."""
+    named = []
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.name().startswith("sfe-"):
+                named.append(process)
+    return named
 
 
 def running_component(process: subprocess.Popen, name: str) -> psutil.Process | None:

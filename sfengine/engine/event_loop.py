@@ -10,17 +10,29 @@ from __future__ import annotations
 import faulthandler
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterable
 from queue import Full
 
+import numpy as np
+import psutil
+import torch
 from signal_slot.signal_slot import EventLoop, EventLoopObject, EventLoopProcess
 
 from sfengine.engine.distributed import RankInfo
 
 EMIT_TIMEOUT_SEC = 60.0
+
+# What the fork server imports once for every component it starts: torch and the components' own modules.
+PRELOADED_MODULES = [
+    "torch",
+    "sfengine.rollout.rollout_worker",
+    "sfengine.inference.inference_worker",
+    "sfengine.learning.learner_worker",
+]
 
 
 class Component(EventLoopObject):
@@ -75,6 +87,10 @@ class EngineProcess(EventLoopProcess):
         self.event_loop = EngineEventLoop(f"{name}_evt_loop")
         EventLoopObject.__init__(self, self.event_loop, name)
 
+    def start(self) -> None:
+        self.parent_pid = parent_of_components(self.mp_context)  # travels to the process with this object
+        super().start()
+
     def respawn(self) -> None:
         """Start a fresh process in place of this one, which has ended: the same components, built anew from the
         runner's copies of them (never started there), on the same event loop and inbox, so every connection made
@@ -83,8 +99,10 @@ class EngineProcess(EventLoopProcess):
         self.start()
 
     def _target(self):
-        die_with_parent()
+        leave_fork_server()
+        die_with_parent(self.parent_pid)
         ignore_interrupts()
+        reseed_random_streams()
         set_process_title(self.name)
         configure_logging()
         print_stacks_on_sigusr1()
@@ -92,14 +110,15 @@ class EngineProcess(EventLoopProcess):
         end_process_now()
 
 
-def end_process_now() -> None:
-    """End a component process whose loop returned: everything it owns is closed by then (envs, checkpoint, final
-    report), and the interpreter's own teardown of torch and the envs' modules took about a second a process,
-    which every run's stop waited for. Output is flushed first; the exit code is 0, as a normal return's."""
+def end_process_now(code: int = 0) -> None:
+    """End a process whose work is done and closed (a component whose loop returned: its envs, checkpoint and final
+    report; a command whose ``main`` returned ``code``) without the interpreter's own teardown of torch and the
+    envs' modules, which took about a second a component process and half a second a command, and every run's stop
+    waited for. Output is flushed first."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def configure_logging() -> None:
@@ -128,10 +147,74 @@ def start_command() -> None:
     print_stacks_on_sigusr1()
 
 
-def die_with_parent() -> None:
-    """Have the kernel SIGKILL this component when the runner dies (Linux). Components ignore SIGINT and SIGTERM
-    and wait on each other, so without this a runner killed by SIGKILL or the OOM killer would leave them running
-    forever, each spinning on its event loop."""
+def component_context() -> multiprocessing.context.BaseContext:
+    """How component processes start: forked by a fork server that imported torch and the components' modules
+    once (``PRELOADED_MODULES``), where the platform has one; spawned otherwise. A spawned component is a fresh
+    interpreter that imports torch itself, about 1.5 s of CPU a process, which every run's start waited for.
+
+    The server is started here, before the run builds anything, so its imports overlap the runner's own start. It
+    must outlive a SIGTERM sent to the whole process group (a scheduler's, ``timeout``'s): the runner stops the
+    components in order after one, and the server reports their exit codes. So it starts with SIGTERM ignored (an
+    ignored signal stays ignored across its exec); it ignores SIGINT on its own, and it ends when the runner does
+    (see ``die_with_parent``)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOADED_MODULES)
+    # Blocked meanwhile, a SIGTERM to this process waits for its handler instead of being ignored with the server's.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    handler = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return context
+
+
+def parent_of_components(context: multiprocessing.context.BaseContext) -> int:
+    """The pid of the process a component started now will be a child of: the fork server, or this process."""
+    if context.get_start_method() != "forkserver":
+        return os.getpid()
+    component_context()  # the server again if it died (a SIGKILL): it is needed to start one
+    return multiprocessing.forkserver._forkserver._forkserver_pid
+
+
+def stop_fork_server() -> None:
+    """End this process's fork server once every component it started has ended. It would end by itself when this
+    process does, but only after its interpreter's teardown of torch (about half a second), holding the run's
+    stdout and stderr open meanwhile: whatever reads a run's output to its end waited for that."""
+    server = multiprocessing.forkserver._forkserver
+    with server._lock:
+        if server._forkserver_pid is None:
+            return
+        os.kill(server._forkserver_pid, signal.SIGKILL)
+        os.waitpid(server._forkserver_pid, 0)
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+
+
+def leave_fork_server() -> None:
+    """A forked component's first act: close its copy of the fork server's 'alive' pipe, which the server exits on
+    once every holder has closed it. Then the runner holds the only copy, and the server ends with the runner."""
+    server = multiprocessing.forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None and server._forkserver_pid is None:  # inherited, not a server this process started
+        os.close(fd)
+        server._forkserver_alive_fd = None
+
+
+def reseed_random_streams() -> None:
+    """Fresh torch and numpy random streams for this process. Forked components would otherwise all draw the fork
+    server's numbers (every worker the same action noise); spawned ones started from fresh streams already."""
+    torch.seed()
+    np.random.seed()
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Have the kernel SIGKILL this component when its parent dies (Linux): the runner, or the fork server, which
+    exits with the runner (``parent_pid``; default: the spawning process). Components ignore SIGINT and SIGTERM and wait on each other, so without this a runner
+    killed by SIGKILL or the OOM killer would leave them running forever, each spinning on its event loop."""
     try:
         import ctypes
 
@@ -139,9 +222,20 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         return
-    parent = multiprocessing.parent_process()
-    if parent is not None and os.getppid() != parent.pid:
-        os._exit(1)  # the runner died before the request above took effect
+    runner = multiprocessing.parent_process()
+    if runner is None:
+        return
+    if os.getppid() != (parent_pid or runner.pid):
+        os._exit(1)  # the parent died before the request above took effect
+    if not process_alive(runner.pid):
+        os._exit(1)  # the runner died, and the fork server is about to follow
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def set_process_title(name: str) -> None:

@@ -12,7 +12,7 @@ import signal as os_signal
 
 from signal_slot.signal_slot import Timer
 
-from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess
+from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess, stop_fork_server
 
 STOP_TIMEOUT_SEC = 60.0
 
@@ -67,6 +67,7 @@ def run_until_stopped(runner: Component, runner_loop: EngineEventLoop, processes
     for process in processes:
         process.join(STOP_TIMEOUT_SEC)
     terminate_processes(processes)
+    stop_fork_server()
 
 
 def install_signal_handlers(runner: Component) -> dict:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import copy
 import logging
-import multiprocessing
 from dataclasses import dataclass
 
 from sfengine.algorithms import Algorithm, algorithm_for
 from sfengine.config import Config
 from sfengine.engine.buffers import SharedBuffers, SharedWeights
 from sfengine.engine.distributed import RankInfo
-from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess
+from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess, component_context
 from sfengine.engine.hang_watch import HangWatch
 from sfengine.engine.lifecycle import (
     component_loops,
@@ -144,7 +143,7 @@ def run(
     tasks: TaskInfo | None = None,
 ) -> int:
     """Train until a stop condition; return the process exit code."""
-    mp_context = multiprocessing.get_context("spawn")
+    mp_context = component_context()
     initial_version = int(resume_state["policy_version"]) if resume_state else 0
     initial_env_steps = int(resume_state["env_steps"]) if resume_state else 0
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import multiprocessing
 import time
 
 from signal_slot.signal_slot import signal
 
 from sfengine.config import Config
 from sfengine.engine.buffers import SharedBuffers, SharedWeights
-from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess
+from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess, component_context
 from sfengine.engine.hang_watch import HangWatch
 from sfengine.engine.lifecycle import (
     STOP_TIMEOUT_SEC,
@@ -145,7 +144,7 @@ def run_evaluation(
 
     # Every episode is played with the one policy as soon as an env is free: never wait for a learner.
     cfg = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, async_rl=True))
-    mp_context = multiprocessing.get_context("spawn")
+    mp_context = component_context()
     buffers = SharedBuffers.allocate(cfg, obs_spec, action_spec, evaluation=True)
     weights = SharedWeights.allocate(model)
     weights.publish(model, policy_version)
