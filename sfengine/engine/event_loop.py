@@ -14,6 +14,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterable
 from queue import Full
 
@@ -89,6 +90,7 @@ class EngineProcess(EventLoopProcess):
 
     def start(self) -> None:
         self.parent_pid = parent_of_components(self.mp_context)  # travels to the process with this object
+        self.started_at = time.monotonic()
         super().start()
 
     def respawn(self) -> None:

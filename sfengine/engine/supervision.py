@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 # A worker still in its start-up when the run stops (building LIBERO simulators can take minutes, and reads no
 # signal) holds no trajectories yet: it is ended this long into the stop rather than waited for STOP_TIMEOUT_SEC.
 STARTING_STOP_GRACE_SEC = 5.0
+# A worker that dies before its first report (its env cannot be built, say) is respawned no sooner than this after
+# its start: forked in milliseconds, it would otherwise die and be respawned hundreds of times a second.
+RESPAWN_PAUSE_SEC = 1.0
 
 
 def print_stack(process: EngineProcess) -> None:
@@ -48,7 +51,7 @@ class Supervision:
                 self.respawner.chaos_victim(self.processes)
             # Deaths first: a stop waiting for the other ranks' agreement must still see this rank's learner die
             # (as it does when another rank's death breaks the exchange), or it would wait for good.
-            dead = [p for p in self.processes if not p.is_alive()]
+            dead = [p for p in self.processes if not p.is_alive() and not self._pausing(p)]
             if dead:
                 self._dead(dead)
             elif run.train_for_seconds and time.time() - self.stats.started >= run.train_for_seconds:
@@ -103,6 +106,14 @@ class Supervision:
         if learner:
             self.exit_code = 1
         terminate_processes(self.processes)
+
+    def _pausing(self, process: EngineProcess) -> bool:
+        """A worker that died before its first report, within RESPAWN_PAUSE_SEC of its start: respawned later."""
+        component = process.name.removesuffix("_process")
+        young = time.monotonic() - getattr(process, "started_at", 0.0) < RESPAWN_PAUSE_SEC
+        return (
+            young and component not in self.reported and component.startswith(("rollout_worker_", "inference_worker_"))
+        )
 
     def _dead(self, dead: list[EngineProcess]) -> None:
         """Respawn dead rollout and inference workers; any other death, or one past --max_respawns, stops the run."""

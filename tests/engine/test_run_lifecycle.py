@@ -919,7 +919,8 @@ CRASHING_WORKERS_SCRIPT = textwrap.dedent(
 def test_a_run_that_learned_from_nothing_does_not_exit_0(tmp_path, train_dir):
     script = tmp_path / "crashing.py"
     script.write_text(CRASHING_WORKERS_SCRIPT)
-    # Respawns allowed without end, so the clock, not --max_respawns, ends the run.
+    # Respawns allowed without end, so the clock, not --max_respawns, ends the run (a worker that dies at its start
+    # is respawned a second after it, at most 16 times in the 8 s here).
     args = [*FAST, "--train_for_seconds=8", "--max_respawns=1000"]
     command = [sys.executable, str(script), *train_command(train_dir, "nothing", *args)[3:]]
     result = subprocess.run([*command, "--env=broken_in_workers"], capture_output=True, text=True, timeout=180)
@@ -930,3 +931,5 @@ def test_a_run_that_learned_from_nothing_does_not_exit_0(tmp_path, train_dir):
         "no env step was learned from: the rollout workers took no env step (the lines above say why)"
     ), summary["stop_reason"]
     assert "the simulator's license server is unreachable" in result.stderr
+    # Not in a tight loop: a worker that dies at its start waits out a second before its successor starts.
+    assert 2 <= sum(summary["respawns"].values()) <= 2 * (8 + 2), summary["respawns"]
