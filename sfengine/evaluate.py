@@ -18,9 +18,16 @@ still written), 2 bad input, reported on one line before anything is written.
 
 from __future__ import annotations
 
+import sys
+
+from sfengine.engine.fork_server import start_early
+
+if __name__ == "__main__":
+    # The fork server imports torch for the components while this process imports it for itself, side by side.
+    start_early(sys.argv[1:])
+
 import argparse
 import datetime
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +48,8 @@ from sfengine.config import (
 from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
 from sfengine.engine.cpu_threads import set_cpu_threads
 from sfengine.engine.distributed import RankInfo
-from sfengine.engine.event_loop import component_context, end_process_now, start_command
+from sfengine.engine.event_loop import end_process_now, start_command
+from sfengine.engine.fork_server import component_context
 from sfengine.engine.messages import EpisodeStats
 from sfengine.engine.sizing import Machine, resolve_auto_options
 from sfengine.env.multitask import TaskInfo

@@ -6,12 +6,19 @@ env name, checkpoint). Bad input is reported on one line.
 
 from __future__ import annotations
 
+import sys
+
+from sfengine.engine.fork_server import start_early
+
+if __name__ == "__main__":
+    # The fork server imports torch for the components while this process imports it for itself, side by side.
+    start_early(sys.argv[1:])
+
 import contextlib
 import errno
 import json
 import logging
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -28,7 +35,8 @@ from sfengine.engine.checkpoint import (
     write_failure,
 )
 from sfengine.engine.distributed import RankInfo
-from sfengine.engine.event_loop import component_context, end_process_now, start_command
+from sfengine.engine.event_loop import end_process_now, start_command
+from sfengine.engine.fork_server import component_context
 from sfengine.engine.sizing import Machine, resolve_auto_options
 from sfengine.env.check import EnvAPIError, check_env_api
 from sfengine.env.multitask import TaskInfo, selected_init_states, task_info

@@ -10,11 +10,12 @@ from __future__ import annotations
 import faulthandler
 import logging
 import multiprocessing
-import multiprocessing.forkserver
 import os
+import random
 import signal
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from queue import Full
 
@@ -24,16 +25,9 @@ import torch
 from signal_slot.signal_slot import EventLoop, EventLoopObject, EventLoopProcess
 
 from sfengine.engine.distributed import RankInfo
+from sfengine.engine.fork_server import leave_fork_server, parent_of_components, stop_fork_server
 
 EMIT_TIMEOUT_SEC = 60.0
-
-# What the fork server imports once for every component it starts: torch and the components' own modules.
-PRELOADED_MODULES = [
-    "torch",
-    "sfengine.rollout.rollout_worker",
-    "sfengine.inference.inference_worker",
-    "sfengine.learning.learner_worker",
-]
 
 
 class Component(EventLoopObject):
@@ -80,8 +74,9 @@ class EngineProcess(EventLoopProcess):
     """An EventLoopProcess whose loop is an EngineEventLoop. Children never own the terminal: the runner
     coordinates shutdown, so a Ctrl-C or SIGTERM must reach only the runner (see ``ignore_interrupts``)."""
 
-    def __init__(self, name: str, mp_context: multiprocessing.context.BaseContext):
+    def __init__(self, name: str, mp_context: multiprocessing.context.BaseContext, seed: tuple[int, ...] = ()):
         self.mp_context = mp_context
+        self.seed, self.starts = seed, 0  # what its random streams are seeded from (see reseed_random_streams)
         self._process = mp_context.Process(target=self._target, name=name, daemon=False)
         self._init_func = None
         self._args, self._kwargs = (), {}
@@ -91,6 +86,7 @@ class EngineProcess(EventLoopProcess):
     def start(self) -> None:
         self.parent_pid = parent_of_components(self.mp_context)  # travels to the process with this object
         self.started_at = time.monotonic()
+        self.starts += 1
         super().start()
 
     def respawn(self) -> None:
@@ -104,7 +100,7 @@ class EngineProcess(EventLoopProcess):
         leave_fork_server()
         die_with_parent(self.parent_pid)
         ignore_interrupts()
-        reseed_random_streams()
+        reseed_random_streams((*self.seed, zlib.crc32(self.name.encode()), self.starts) if self.seed else None)
         set_process_title(self.name)
         configure_logging()
         print_stacks_on_sigusr1()
@@ -116,7 +112,8 @@ def end_process_now(code: int = 0) -> None:
     """End a process whose work is done and closed (a component whose loop returned: its envs, checkpoint and final
     report; a command whose ``main`` returned ``code``) without the interpreter's own teardown of torch and the
     envs' modules, which took about a second a component process and half a second a command, and every run's stop
-    waited for. Output is flushed first."""
+    waited for. Output is flushed first, and a command's fork server is stopped (``stop_fork_server``)."""
+    stop_fork_server()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
@@ -149,68 +146,20 @@ def start_command() -> None:
     print_stacks_on_sigusr1()
 
 
-def component_context() -> multiprocessing.context.BaseContext:
-    """How component processes start: forked by a fork server that imported torch and the components' modules
-    once (``PRELOADED_MODULES``), where the platform has one; spawned otherwise. A spawned component is a fresh
-    interpreter that imports torch itself, about 1.5 s of CPU a process, which every run's start waited for.
-
-    The server is started here, before the run builds anything, so its imports overlap the runner's own start. It
-    must outlive a SIGTERM sent to the whole process group (a scheduler's, ``timeout``'s): the runner stops the
-    components in order after one, and the server reports their exit codes. So it starts with SIGTERM ignored (an
-    ignored signal stays ignored across its exec); it ignores SIGINT on its own, and it ends when the runner does
-    (see ``die_with_parent``)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOADED_MODULES)
-    # Blocked meanwhile, a SIGTERM to this process waits for its handler instead of being ignored with the server's.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    handler = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        signal.signal(signal.SIGTERM, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    return context
-
-
-def parent_of_components(context: multiprocessing.context.BaseContext) -> int:
-    """The pid of the process a component started now will be a child of: the fork server, or this process."""
-    if context.get_start_method() != "forkserver":
-        return os.getpid()
-    component_context()  # the server again if it died (a SIGKILL): it is needed to start one
-    return multiprocessing.forkserver._forkserver._forkserver_pid
-
-
-def stop_fork_server() -> None:
-    """End this process's fork server once every component it started has ended. It would end by itself when this
-    process does, but only after its interpreter's teardown of torch (about half a second), holding the run's
-    stdout and stderr open meanwhile: whatever reads a run's output to its end waited for that."""
-    server = multiprocessing.forkserver._forkserver
-    with server._lock:
-        if server._forkserver_pid is None:
-            return
-        os.kill(server._forkserver_pid, signal.SIGKILL)
-        os.waitpid(server._forkserver_pid, 0)
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
-
-
-def leave_fork_server() -> None:
-    """A forked component's first act: close its copy of the fork server's 'alive' pipe, which the server exits on
-    once every holder has closed it. Then the runner holds the only copy, and the server ends with the runner."""
-    server = multiprocessing.forkserver._forkserver
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is not None and server._forkserver_pid is None:  # inherited, not a server this process started
-        os.close(fd)
-        server._forkserver_alive_fd = None
-
-
-def reseed_random_streams() -> None:
-    """Fresh torch and numpy random streams for this process. Forked components would otherwise all draw the fork
-    server's numbers (every worker the same action noise); spawned ones started from fresh streams already."""
-    torch.seed()
-    np.random.seed()
+def reseed_random_streams(words: tuple[int, ...] | None) -> None:
+    """Seed this process's torch, numpy and ``random`` streams from ``words`` (a run's --seed, its rank, the
+    component's name and how often it started: the same run draws the same numbers, every component and every
+    respawn its own), or from the OS's entropy where there are none. Forked components would otherwise all draw the
+    fork server's numbers (every worker the same action noise), and spawned ones torch's one fixed default seed."""
+    if words is None:
+        torch.seed()
+        np.random.seed()
+        random.seed()
+        return
+    state = np.random.SeedSequence([word & 0xFFFF_FFFF_FFFF_FFFF for word in words]).generate_state(4)
+    torch.manual_seed(int(state[0]) << 32 | int(state[1]))
+    np.random.seed(state)
+    random.seed(int(state[2]) << 32 | int(state[3]))
 
 
 def die_with_parent(parent_pid: int | None = None) -> None:

@@ -12,7 +12,8 @@ import signal as os_signal
 
 from signal_slot.signal_slot import Timer
 
-from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess, stop_fork_server
+from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess
+from sfengine.engine.fork_server import stop_fork_server
 
 STOP_TIMEOUT_SEC = 60.0
 
@@ -36,14 +37,16 @@ def terminate_processes(processes: list[EngineProcess]) -> None:
         p.join(5.0)
 
 
-def component_loops(serial: bool, runner_loop: EngineEventLoop, mp_context, processes: list[EngineProcess]):
+def component_loops(
+    serial: bool, runner_loop: EngineEventLoop, mp_context, processes: list[EngineProcess], seed: tuple[int, ...]
+):
     """``loop_for(name)``: the event loop a component named ``name`` lives on; a process of its own (appended to
-    ``processes``), or the runner's loop in serial mode."""
+    ``processes``, its random streams seeded from ``seed`` and its name), or the runner's loop in serial mode."""
 
     def loop_for(name: str):
         if serial:
             return runner_loop
-        process = EngineProcess(f"{name}_process", mp_context)
+        process = EngineProcess(f"{name}_process", mp_context, seed)
         processes.append(process)
         return process.event_loop
 

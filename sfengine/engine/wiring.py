@@ -16,7 +16,8 @@ from sfengine.algorithms import Algorithm, algorithm_for
 from sfengine.config import Config
 from sfengine.engine.buffers import SharedBuffers, SharedWeights
 from sfengine.engine.distributed import RankInfo
-from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess, component_context
+from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess
+from sfengine.engine.fork_server import component_context
 from sfengine.engine.hang_watch import HangWatch
 from sfengine.engine.lifecycle import (
     component_loops,
@@ -37,7 +38,7 @@ from sfengine.models.actor_critic import ActorCritic
 from sfengine.reporting.progress import end_summary
 from sfengine.reporting.reporter import json_text
 from sfengine.tasks.scheduler import TaskSchedule, shard_pairs
-from sfengine.tasks.seeding import task_sequence_seed
+from sfengine.tasks.seeding import component_seed, task_sequence_seed
 from sfengine.tasks.sequence import GROUP_SEEDS_PER_RANK, SharedTaskSequence
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,9 @@ def build_components(
     from sfengine.rollout.rollout_worker import RolloutWorker
 
     processes: list[EngineProcess] = []
-    loop_for = component_loops(cfg.sampler.serial_mode, runner_loop, mp_context, processes)
+    resumed_from = int(resume_state["env_steps"]) if resume_state else 0
+    seed = component_seed(cfg.env.seed, RankInfo.from_environment().rank, resumed_from)
+    loop_for = component_loops(cfg.sampler.serial_mode, runner_loop, mp_context, processes, seed)
     workers = [
         RolloutWorker(
             loop_for(f"rollout_worker_{w}"),

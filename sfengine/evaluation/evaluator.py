@@ -20,7 +20,8 @@ from signal_slot.signal_slot import signal
 
 from sfengine.config import Config
 from sfengine.engine.buffers import SharedBuffers, SharedWeights
-from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess, component_context
+from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess
+from sfengine.engine.fork_server import component_context
 from sfengine.engine.hang_watch import HangWatch
 from sfengine.engine.lifecycle import (
     STOP_TIMEOUT_SEC,
@@ -156,7 +157,7 @@ def run_evaluation(
     runner = EvalRunner(runner_loop, cfg, len(episodes), hang_watch, leads)
     runner_loop.start.connect(runner.on_start)
     processes: list[EngineProcess] = []
-    loop_for = component_loops(serial, runner_loop, mp_context, processes)
+    loop_for = component_loops(serial, runner_loop, mp_context, processes, (cfg.env.seed, policy_version))
 
     deterministic = cfg.eval.eval_deterministic
     workers = [

@@ -7,6 +7,10 @@ streams share a seed. Each stream is the base seed times a large prime, plus an 
     a worker that acts    seed * P + 1000 + worker             (apart from the inference workers')
     task sequence         seed * 7919 + rank                   (curriculum draws: + position, times P)
     single-task groups    GROUP_SEED_OFFSET + seed * P * GROUP_SEEDS_PER_RANK + group   (sfengine.tasks.sequence)
+    a component process   torch's, numpy's and random's global streams from SeedSequence(seed, rank, env steps
+                          resumed from, crc32(process name), its start count): what a model samples in torch
+                          (SAC's and TD3's actions), a respawn a stream of its own (sfengine.engine.event_loop)
+                          (an evaluation's: SeedSequence(seed, the policy's version, name, start count))
 
 Changing any of these changes every run's envs, task order and actions: the tests pin the sequences.
 """
@@ -43,3 +47,9 @@ def task_sequence_seed(base_seed: int, rank: int) -> int:
 def curriculum_draw_seed(sequence_seed: int, position: int) -> int:
     """The seed of the curriculum's task draw at ``position``: the same in any process that draws it."""
     return sequence_seed * SEED_STRIDE + position
+
+
+def component_seed(base_seed: int, rank: int, resumed_from: int) -> tuple[int, ...]:
+    """What a training run's component processes seed their global random streams from, with their names; a
+    resumed run's differ from its start's, so a resume does not replay the noise the run began with."""
+    return (base_seed, rank, resumed_from)

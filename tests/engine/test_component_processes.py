@@ -3,19 +3,17 @@ streams, and gone with the process that started them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 
 import numpy as np
 import psutil
 import torch
 
-from sfengine.engine.event_loop import (
-    Component,
-    EngineProcess,
-    component_context,
-    parent_of_components,
-    stop_own_loop,
-)
+from sfengine.engine.event_loop import Component, EngineProcess, stop_own_loop
+from sfengine.engine.fork_server import component_context, parent_of_components
 
 
 class DrawsRandomNumbers(Component):
@@ -33,13 +31,13 @@ class DrawsRandomNumbers(Component):
         stop_own_loop(self)
 
 
-def test_components_fork_from_the_server_and_each_draws_its_own_random_numbers():
-    context = component_context()
-    assert context.get_start_method() == "forkserver"
-    draws, parents = torch.zeros(3, 2).share_memory_(), torch.zeros(3, dtype=torch.int64).share_memory_()
+def draw_in_components(context, names: list[str], seed: tuple[int, ...]) -> tuple[list[list[float]], list[int]]:
+    """Start a component process per name, seeded from ``seed``; their draws (torch's, numpy's) and parents."""
+    draws = torch.zeros(len(names), 2, dtype=torch.float64).share_memory_()
+    parents = torch.zeros(len(names), dtype=torch.int64).share_memory_()
     processes = []
-    for row in range(3):
-        process = EngineProcess(f"drawer_{row}_process", context)
+    for row, name in enumerate(names):
+        process = EngineProcess(f"{name}_process", context, seed)
         drawer = DrawsRandomNumbers(process.event_loop, row, draws, parents)
         process.event_loop.start.connect(drawer.on_start)
         process.start()
@@ -47,8 +45,44 @@ def test_components_fork_from_the_server_and_each_draws_its_own_random_numbers()
     for process in processes:
         process.join(60)
         assert process.exitcode == 0
+    return draws.tolist(), parents.tolist()
+
+
+def test_components_fork_from_the_server_and_each_draws_its_own_random_numbers_from_the_seed():
+    context = component_context()
+    assert context.get_start_method() == "forkserver"
+    draws, parents = draw_in_components(context, ["a", "b", "c"], (5, 0))
     server = parent_of_components(context)
     assert server != os.getpid() and psutil.Process(server).ppid() == os.getpid()
-    assert parents.tolist() == [server] * 3  # forked by the server, not spawned by this process
-    # A fork copies the server's random state: without a fresh seed every worker would add the same action noise.
-    assert len(set(draws[:, 0].tolist())) == 3 and len(set(draws[:, 1].tolist())) == 3
+    assert parents == [server] * 3  # forked by the server, not spawned by this process
+    # A fork copies the server's random state: without a seed of its own every worker would add the same noise.
+    assert len({row[0] for row in draws}) == 3 and len({row[1] for row in draws}) == 3
+    # The same seed and name draw the same numbers again (a run is repeatable), another seed other numbers.
+    assert draw_in_components(context, ["b"], (5, 0))[0] == [draws[1]]
+    other = draw_in_components(context, ["b"], (6, 0))[0][0]
+    assert other[0] != draws[1][0] and other[1] != draws[1][1]
+
+
+def test_the_package_imports_without_torch_and_its_public_names_on_first_use():
+    # `python -m sfengine.train` imports the package before its fork server starts: torch must not come with it.
+    code = "import sys, sfengine; assert 'torch' not in sys.modules; from sfengine import register_env, Trainer; print(Trainer.__name__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "Trainer", result.stderr[-2000:]
+
+
+def test_a_command_refused_at_once_leaves_no_fork_server_behind(tmp_path):
+    # The server starts before the command parses its options; bad input ends the command within a second or two,
+    # while the server may still be importing torch: the command stops it, rather than leave it to end by itself,
+    # holding the command's output open meanwhile. (Output to a file: a pipe would wait for the server.)
+    mark = {"SFENGINE_TEST_MARK": str(tmp_path)}  # the server inherits the command's environment
+    with open(tmp_path / "err", "w") as err:
+        command = [sys.executable, "-m", "sfengine.train", "--env=no_such_env"]
+        env = {**os.environ, **mark}
+        returncode = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=err, env=env, timeout=120).returncode
+    left = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("SFENGINE_TEST_MARK") == mark["SFENGINE_TEST_MARK"]:
+                left.append(" ".join(process.cmdline())[:200])
+    assert left == []
+    assert returncode == 2 and "unknown env 'no_such_env'" in (tmp_path / "err").read_text()
