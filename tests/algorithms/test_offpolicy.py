@@ -95,6 +95,11 @@ def test_the_learner_takes_replay_ratio_gradient_steps_per_env_step_after_learni
     # Each batch: 4 trajectories x 8 steps = 32 env steps. Nothing before 64 are in; then 0.75 x 32 = 24 a batch.
     assert [stats["gradient_steps"] for stats in rounds] == [0, 24, 24, 24, 24]
     assert rounds[-1]["replay_ratio_achieved"] == 0.75  # 96 steps for the 128 env steps since it began
+    # The new data's mean reward: its taken entries' (not the bootstrap entry, nor a step no env took).
+    data = batch(7)
+    data.chunk_steps[0, 2] = 0
+    taken = torch.cat([data.rewards[0, :2], data.rewards[0, 3:-1], data.rewards[1:, :-1].flatten()])
+    assert make_trainer().train(data, 0, 0)["reward_mean"] == pytest.approx(float(taken.mean()))
     trainer = make_trainer(replay_ratio=0.1)
     assert [trainer.train(batch(seed), 0, 0)["gradient_steps"] for seed in range(5)] == [3, 3, 3, 3, 4]  # 3.2 each
 

@@ -6,6 +6,7 @@ the critics it chose with."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -150,10 +151,12 @@ def test_td3s_correction_of_a_weak_clone_learns_sparse_reach(reach_clone, train_
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "residual")
     assert summary["success_rate"] >= 0.9, summary
-    # sfengine.evaluate evaluates the pair as it is saved: the base's sampled action plus the correction's mean.
+    # sfengine.evaluate evaluates the pair as it is saved: the base's sampled action plus the correction's mean. Over
+    # 20 episodes a policy at 0.9 scores under 0.9 one time in three; the clone alone would score about 0.4.
     result = evaluate(f"--train_dir={train_dir}", "--experiment=residual", "--eval_episodes=20")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "success 0.9" in result.stdout or "success 1.0" in result.stdout, result.stdout[-1000:]
+    rate = float(re.search(r"success (\d\.\d+)", result.stdout).group(1))
+    assert rate >= 0.8, result.stdout[-1000:]
 
 
 @pytest.mark.slow

@@ -99,7 +99,13 @@ class OffPolicyTrainer(Trainer):
         self.model.update_normalizers(
             {key: obs[:, :-1].flatten(0, 1) for key, obs in batch.obs.items()}, self.group.sum
         )
-        stats = {"replay_fill": self.replay.size / self.replay.capacity}
+        # The new data's mean reward an entry (an action, or a chunk's discounted sum): how the acting policy does
+        # before its first episodes end (HalfCheetah's 16 envs end none in their first 16k env steps).
+        taken = batch.chunk_steps[:, :-1] > 0
+        stats = {
+            "replay_fill": self.replay.size / self.replay.capacity,
+            "reward_mean": float(batch.rewards[:, :-1][taken].mean()),
+        }
         if self.demos is not None:
             stats["demo_share"] = self.demo_samples / self.cfg.learner.batch_size
         world = self.group.ranks.world_size
