@@ -38,6 +38,7 @@ from sfengine.evaluation.video import EvalOutput
 from sfengine.inference.inference_worker import InferenceWorker, connect_inference
 from sfengine.inference.policy_actor import own_policy
 from sfengine.models.actor_critic import ActorCritic
+from sfengine.tasks.seeding import evaluation_component_seed
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,9 @@ def run_evaluation(
     runner = EvalRunner(runner_loop, cfg, len(episodes), hang_watch, leads)
     runner_loop.start.connect(runner.on_start)
     processes: list[EngineProcess] = []
-    loop_for = component_loops(serial, runner_loop, mp_context, processes, (cfg.env.seed, policy_version))
+    loop_for = component_loops(
+        serial, runner_loop, mp_context, processes, evaluation_component_seed(cfg.env.seed, policy_version)
+    )
 
     deterministic = cfg.eval.eval_deterministic
     workers = [

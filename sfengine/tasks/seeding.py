@@ -53,3 +53,8 @@ def component_seed(base_seed: int, rank: int, resumed_from: int) -> tuple[int, .
     """What a training run's component processes seed their global random streams from, with their names; a
     resumed run's differ from its start's, so a resume does not replay the noise the run began with."""
     return (base_seed, rank, resumed_from)
+
+
+def evaluation_component_seed(base_seed: int, policy_version: int) -> tuple[int, ...]:
+    """What an evaluation's component processes seed their global random streams from, with their names."""
+    return (base_seed, policy_version)
