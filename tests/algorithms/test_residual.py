@@ -113,14 +113,24 @@ def test_residual_options_are_checked():
         parse_config(["--algo=ppo", "--residual_over=x"])  # another algorithm's option
 
 
-@pytest.fixture
-def reach_clone(tmp_path, train_dir):
-    """A weak clone of sparse_reach: sfengine.pretrain for a few epochs on 10 noisy scripted demonstrations."""
-    demos = tmp_path / "reach.hdf5"
+@pytest.fixture(scope="module")
+def cloned_once(tmp_path_factory):
+    """A weak clone of sparse_reach: sfengine.pretrain for a few epochs on 10 noisy scripted demonstrations, made
+    once for the module: (its demonstrations, its train_dir)."""
+    folder = tmp_path_factory.mktemp("reach_clone")
+    demos = folder / "reach.hdf5"
     write_demos(demos, scripted_demos(10, noise=0.3))
-    command = [sys.executable, "-m", "sfengine.pretrain", f"--demos={demos}", f"--train_dir={train_dir}"]
+    command = [sys.executable, "-m", "sfengine.pretrain", f"--demos={demos}", f"--train_dir={folder / 'runs'}"]
     result = subprocess.run([*command, "--experiment=clone", "--pretrain_epochs=20"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+    return demos, folder / "runs"
+
+
+@pytest.fixture
+def reach_clone(cloned_once, train_dir):
+    """The clone as experiment ``clone`` of this test's train_dir (a copy of its own); returns its demonstrations."""
+    demos, runs = cloned_once
+    shutil.copytree(runs / "clone", train_dir / "clone")
     return demos
 
 
