@@ -5,6 +5,7 @@ import pytest
 from helpers import kill_started_runs
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into node ids
 def pytest_collection_modifyitems(items):
     """Under ``pytest -n 2 --dist loadgroup`` (the README's test command) the tests that start runs (``slow``) go
     to one worker, one after another as without xdist, so none competes with another for the cores; the quick
