@@ -156,7 +156,9 @@ def test_run_writes_config_tensorboard_checkpoints_every_few_seconds_and_summary
         assert summary[key] is not None, key
     assert summary["env_steps"] >= 40000 and summary["fps"] > 0
     # The auto choice is printed and recorded, so a resumed run keeps it.
-    chosen = int(re.search(r"auto: num_workers=(\d+)", result.stdout).group(1))
+    chosen = re.search(r"auto: num_workers=(\d+)", result.stdout)
+    assert chosen, result.stdout[-2000:]
+    chosen = int(chosen.group(1))
     assert json.loads((experiment / "config.json").read_text())["sampler"]["num_workers"] == chosen >= 1
     # Saved periodically and at the stop; only the newest two are kept, the last one holding the final state.
     saved = re.findall(r"checkpoint saved: (checkpoint_\d+_\d+\.pt)", result.stdout + result.stderr)
@@ -731,7 +733,9 @@ def test_a_learner_stuck_in_an_update_is_named_with_its_stack_and_the_run_stops_
     assert summary["stop_reason"] == "hung: learner"
     saved = sorted((train_dir / "stuck" / "checkpoints").glob("checkpoint_*.pt"))
     assert saved and f"the last checkpoint is {saved[-1].name}" in output
-    stuck_in = int(re.search(r"stuck in update (\d+)", output).group(1))
+    stuck_in = re.search(r"stuck in update (\d+)", output)
+    assert stuck_in, output[-3000:]
+    stuck_in = int(stuck_in.group(1))
     assert torch.load(saved[-1], weights_only=True)["policy_version"] < stuck_in  # written before it got stuck
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"

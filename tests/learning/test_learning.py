@@ -27,7 +27,6 @@ RLOO_STEPS = 60_000  # it crosses 0.9 near 50k steps (from 0.17 at random)
         pytest.param(["--serial_mode=false", "--num_inference_workers=0"], id="workers-act"),
     ],
 )
-@pytest.mark.slow
 def test_cartpole_reaches_400_within_300k_steps_in_every_layout(train_dir, mode):
     args = ["--cfg=cartpole", "--train_for_env_steps=300000", "--stop_at_return=400", *mode]
     result = run_train(train_dir, "cartpole", *args)
@@ -36,7 +35,6 @@ def test_cartpole_reaches_400_within_300k_steps_in_every_layout(train_dir, mode)
     assert reached_target(summary, "stop_at_return=400"), summary
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("clip_mode", ["soft_clip", "sapo", "ce_gppo", "cispo"])
 def test_cartpole_reaches_400_within_300k_steps_with_each_clip_mode_alone(train_dir, clip_mode):
     # ppo_clip, the default, is the evaluator's run below. Each mode alone, in the default asynchronous mode: its own
@@ -60,7 +58,6 @@ def test_cartpole_reaches_400_within_300k_steps_with_each_clip_mode_alone(train_
     assert f"learner: {clip_mode} kl " in result.stdout
 
 
-@pytest.mark.slow
 def test_synchronous_mode_is_on_policy_and_learns(train_dir):
     args = ["--cfg=cartpole", "--async_rl=false", "--train_for_env_steps=300000", "--stop_at_return=400"]
     result = run_train(train_dir, "sync", *args)
@@ -71,7 +68,6 @@ def test_synchronous_mode_is_on_policy_and_learns(train_dir):
 
 
 @pytest.mark.parametrize("chunk", [1, 4])
-@pytest.mark.slow
 def test_pendulum_box_actions_reach_minus_400_within_300k_steps(train_dir, chunk):
     # With --action_chunk=4 the policy acts every 4th step with 4 actions; the same preset still learns it.
     args = ["--cfg=pendulum", "--train_for_env_steps=300000", f"--action_chunk={chunk}", "--stop_at_return=-400"]
@@ -86,7 +82,6 @@ def test_pendulum_box_actions_reach_minus_400_within_300k_steps(train_dir, chunk
     assert reached_target(summary, "stop_at_return=-400") or summary["episode_return_mean"] >= -400, summary
 
 
-@pytest.mark.slow
 def test_mujoco_preset_balances_the_inverted_pendulum_within_150k_steps(train_dir):
     # Continuous control on real MuJoCo physics (the mujoco extra) with the preset a user would pick for it:
     # InvertedPendulum-v5 pays 1 per step the pole stays up, to 1000; a random policy scores about 5, the preset
@@ -99,7 +94,6 @@ def test_mujoco_preset_balances_the_inverted_pendulum_within_150k_steps(train_di
 
 
 @pytest.mark.parametrize("reward_scale", [None, "0.01"])
-@pytest.mark.slow
 def test_sparse_success_reward_is_learned_with_the_defaults_at_any_reward_scale(train_dir, reward_scale):
     # sparse_reach: reward 1 on success (which terminates), else 0, 40-step episodes, 2-dim actions; a random
     # policy succeeds about 17% of the time. Learning must not hinge on a hand-set --reward_scale: with normalised
@@ -113,7 +107,6 @@ def test_sparse_success_reward_is_learned_with_the_defaults_at_any_reward_scale(
 
 
 @pytest.mark.parametrize("inference_dtype", ["float32", "bfloat16"])
-@pytest.mark.slow
 def test_dict_observation_with_image_learns_through_the_cnn(train_dir, inference_dtype):
     # The answer is only in the uint8 image: a random policy scores 8 of 16, a policy that reads it 16.
     # With bfloat16 the inference workers act with a bf16 copy of the CNN while the learner trains in float32.
@@ -135,7 +128,6 @@ def test_dict_observation_with_image_learns_through_the_cnn(train_dir, inference
     assert summary["success_rate"] >= 0.3
 
 
-@pytest.mark.slow
 def test_cartpole_reaches_400_within_300k_steps_with_the_evaluator_running_and_stops_at_the_limit(train_dir):
     # The cartpole preset as a user runs it, with the training evaluator beside it (one run for both).
     args = ["--cfg=cartpole", "--train_for_env_steps=300000", "--eval_every_env_steps=50000"]
@@ -160,7 +152,6 @@ def test_cartpole_reaches_400_within_300k_steps_with_the_evaluator_running_and_s
     assert "evaluator" in result.stdout  # its CPU share in the status line's time split
 
 
-@pytest.mark.slow
 def test_rloo_without_a_critic_learns_a_sparse_multitask_env(train_dir):
     # multitask_reach: 8 tasks x 10 init states, reward 1 on success (which terminates), about 17% at random. RLOO
     # judges each episode by its success against the other 7 of its (task, init state): no critic at all.
