@@ -184,6 +184,10 @@ def test_sac_rules_are_one_line_errors():
         "state_dependent",
     )
     assert parse_config(["--algo=sac", "--batch_size=64"]).learner.batch_size == 64  # a given value stays
+    # SAC's critics and temperature learn at 1e-3, TD3's critics at 3e-4; a given rate stays.
+    assert cfg.algorithm_options.critic_learning_rate == 1e-3
+    assert parse_config(["--algo=td3"]).algorithm_options.critic_learning_rate == 3e-4
+    assert parse_config(["--algo=sac", "--critic_learning_rate=3e-4"]).algorithm_options.critic_learning_rate == 3e-4
 
 
 RECORDING_SCRIPT = textwrap.dedent(
