@@ -147,9 +147,8 @@ def shm_entries() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
-def leaked_shm(before: set[str]) -> set[str]:
-    """Entries created since ``before`` that still exist and that no live process maps: a run's leftovers.
-    (Entries still mapped belong to some other live process, such as a concurrent run.)"""
+def unmapped_new_shm(before: set[str]) -> set[str]:
+    """Entries created since ``before`` that exist now and that no live process maps."""
     mapped = set()
     for maps in glob.glob("/proc/[0-9]*/maps"):
         try:
@@ -158,6 +157,21 @@ def leaked_shm(before: set[str]) -> set[str]:
         except OSError:
             pass
     return {e for e in shm_entries() - before if f"/dev/shm/{e}" not in mapped}
+
+
+def leaked_shm(before: set[str], settle_sec: float = 120.0) -> set[str]:
+    """Entries created since ``before`` that no live process maps and that stay: a run's leftovers.
+
+    Another test's run (the suite runs two at once) holds entries that no process maps for a while, from the
+    moment one of its processes ends until its resource tracker unlinks them as that run ends: those vanish,
+    so an entry counts only if it is still there, unmapped, after ``settle_sec``. A clean run waits not at all.
+    """
+    leaked = unmapped_new_shm(before)
+    deadline = time.time() + settle_sec
+    while leaked and time.time() < deadline:
+        time.sleep(0.5)
+        leaked &= unmapped_new_shm(before)
+    return leaked
 
 
 def start(command: list[str], **popen) -> subprocess.Popen:

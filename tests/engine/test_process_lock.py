@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from helpers import leaked_shm
 from sfengine.engine.process_lock import ProcessLock
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -56,4 +57,7 @@ def test_a_holder_killed_by_sigkill_releases_the_lock_and_leaves_no_shm_entry():
     with lock:  # a multiprocessing.Lock would stay held by the dead process forever
         pass
     assert time.monotonic() - started < 5
-    assert not {e for e in set(os.listdir("/dev/shm")) - shm_before if e.startswith("sem.")}
+    with open("/proc/self/maps") as f:  # a named semaphore would be mapped by this process, which holds the lock
+        mapped_here = {line.split()[-1].removeprefix("/dev/shm/") for line in f if "/dev/shm/sem." in line}
+    assert not mapped_here - shm_before
+    assert leaked_shm(shm_before) == set()  # nor left behind by the killed holder
