@@ -11,8 +11,8 @@ Systems (each with its own recommended settings for these envs):
 - ``sb3``: Stable-Baselines3 PPO with the RL Zoo's tuned hyperparameters (``benchmarks/peer_sb3.py``).
 - ``cleanrl``: CleanRL's ``ppo_continuous_action`` (``benchmarks/peer_cleanrl.py``).
 
-With ``--algo=sac``: sfengine's ``--algo=sac`` with its defaults (no preset), Stable-Baselines3's SAC with the RL
-Zoo's MuJoCo settings (``benchmarks/peer_sb3_sac.py``) and CleanRL's ``sac_continuous_action``
+With ``--algo=sac``: sfengine's preset for SAC on a cheap env (``--cfg=sac_mujoco``: 4 envs acting synchronously,
+SAC's defaults otherwise), Stable-Baselines3's SAC with the RL Zoo's MuJoCo settings (``benchmarks/peer_sb3_sac.py``) and CleanRL's ``sac_continuous_action``
 (``benchmarks/peer_cleanrl_sac.py``); the bar on wall time is half the fastest peer's.
 
 Every run leaves ``<out>/<env>/<system>_seed<k>.json`` (``benchmarks/peer_record.py``). A peer's file is reused
@@ -49,9 +49,11 @@ CLEANRL_PUBLISHED = {"HalfCheetah-v5": (1442.6, 46.0), "Hopper-v5": (2382.9, 271
 RETURN_TAG = "episodes/episode_return_mean"
 # sfengine's preset per env, as the RL Zoo tunes per env; envs not named run --cfg=mujoco.
 SFENGINE_PRESETS = {"HalfCheetah-v5": "halfcheetah"}
+SFENGINE_SAC_PRESET = "sac_mujoco"
 COLORS = {
     "sfengine": "tab:blue",
     "sfengine-cuda": "tab:cyan",
+    "sfengine-async16-lr3e-4": "tab:gray",  # SAC's earlier engine defaults: 16 envs asynchronous, critics at 3e-4
     "sfengine-sb3recipe": "tab:purple",  # a diagnostic: sfengine's engine with SB3's SAC settings (README)
     "sfengine-1env": "tab:red",  # a diagnostic: sfengine with one env, so the acting policy lags less (README)
     "sfengine-serial": "tab:brown",  # a diagnostic: sfengine's trainer in the peers' serial loop (sac_serial)
@@ -90,7 +92,7 @@ def run_sfengine(env: str, seed: int, env_steps: int, out: Path, device: str, ex
         experiment = f"{env}_seed{seed}"
         preset = SFENGINE_PRESETS.get(env, "mujoco")
         command = [sys.executable, "-m", "sfengine.train", f"--env={env}", f"--seed={seed}"]
-        command += ["--algo=sac"] if "--algo=sac" in extra else [f"--cfg={preset}"]
+        command += [f"--cfg={SFENGINE_SAC_PRESET}" if "--algo=sac" in extra else f"--cfg={preset}"]
         command += [f"--train_for_env_steps={env_steps}", f"--device={device}", f"--train_dir={train_dir}"]
         command += [f"--experiment={experiment}", "--report_every_sec=5", "--restart_behavior=overwrite", *extra]
         print(" ".join(command), flush=True)
