@@ -12,8 +12,9 @@ Systems (each with its own recommended settings for these envs):
 - ``cleanrl``: CleanRL's ``ppo_continuous_action`` (``benchmarks/peer_cleanrl.py``).
 
 With ``--algo=sac``: sfengine's preset for SAC on a cheap env (``--cfg=sac_mujoco``: 4 envs acting synchronously,
-SAC's defaults otherwise), Stable-Baselines3's SAC with the RL Zoo's MuJoCo settings (``benchmarks/peer_sb3_sac.py``) and CleanRL's ``sac_continuous_action``
-(``benchmarks/peer_cleanrl_sac.py``); the bar on wall time is half the fastest peer's.
+SAC's defaults otherwise), Stable-Baselines3's SAC with the RL Zoo's MuJoCo settings
+(``benchmarks/peer_sb3_sac.py``) and CleanRL's ``sac_continuous_action`` (``benchmarks/peer_cleanrl_sac.py``); the
+bar on wall time is half the fastest peer's.
 
 Every run leaves ``<out>/<env>/<system>_seed<k>.json`` (``benchmarks/peer_record.py``). A peer's file is reused
 when it exists (``--rerun_peers`` to run it again): peers take 15-60 minutes a run on 2 cores. sfengine's rows are
