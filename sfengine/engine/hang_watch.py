@@ -13,7 +13,8 @@ A rollout worker writes, in shared memory, which env it is stepping and each env
 error names the env even though the hung process can no longer say anything itself. Start-up is not watched
 (building LIBERO simulators can take minutes): a worker is watched from its first report, which it sends as
 soon as its start-up is over. While the run stops, a worker found hung is ended rather than respawned: training is
-over.
+over. One worker frozen inside a queue operation silences others (the reader of the inbox it keeps locked): the
+runner names the frozen one, not those waiting for it (``Supervision._culprit``).
 
 The learner is silent whenever no batch is ready (a slow env), so silence says nothing about it: it marks in shared
 memory when each update or save begins and ends (``SharedBuffers.learner_clock``), and it is hung when one lasts
@@ -57,14 +58,19 @@ class HangWatch:
         self.last_heard.pop(component, None)
 
     def hung(self, among: Collection[str] | None = None, stopping: bool = False) -> str | None:
-        """The first watched component (of ``among``, if given) silent for longer than the timeout, or None. While
-        the run stops the silence must also pass STOPPING_SILENCE_SEC: a worker that took the stop goes quiet as
-        its process ends, which can take a second or two."""
+        """The watched component (of ``among``, if given) silent the longest, if longer than the timeout, or None."""
+        silent = self.silent(among, stopping)
+        return silent[0] if silent else None
+
+    def silent(self, among: Collection[str] | None = None, stopping: bool = False) -> list[str]:
+        """The watched components (of ``among``, if given) silent for longer than the timeout, the longest silent
+        first. While the run stops the silence must also pass STOPPING_SILENCE_SEC: a worker that took the stop
+        goes quiet as its process ends, which can take a second or two."""
         if not self.timeout:
-            return None
+            return []
         now, timeout = time.monotonic(), max(self.timeout, STOPPING_SILENCE_SEC) if stopping else self.timeout
-        silent = (name for name, heard in self.last_heard.items() if now - heard > timeout)
-        return next((name for name in silent if among is None or name in among), None)
+        silent = [name for name, heard in self.last_heard.items() if now - heard > timeout]
+        return sorted((name for name in silent if among is None or name in among), key=self.last_heard.__getitem__)
 
     def learner_hung(self) -> str | None:
         """What the learner is stuck in, if it has been inside one update or save for longer than its own timeout:

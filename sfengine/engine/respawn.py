@@ -87,13 +87,17 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
+def lock_owner(queue) -> int:
+    """The id of the thread holding ``queue``'s mutex (for a queue operation, the pid of its process), 0 if free."""
+    return ctypes.c_int.from_address(ctypes.addressof(queue.queue_obj_buffer) + MUTEX_OWNER).value
+
+
 def release_lock_held_by(queue, pid: int) -> bool:
     """Unlock ``queue``'s mutex if the dead process ``pid`` holds it; True if it did. glibc's default mutex may be
     unlocked by any thread: it clears the owner, releases the lock word and wakes a waiter."""
-    base = ctypes.addressof(queue.queue_obj_buffer)
-    if ctypes.c_int.from_address(base + MUTEX_OWNER).value != pid:
+    if lock_owner(queue) != pid:
         return False
-    _libc().pthread_mutex_unlock(ctypes.c_void_p(base + MUTEX))
+    _libc().pthread_mutex_unlock(ctypes.c_void_p(ctypes.addressof(queue.queue_obj_buffer) + MUTEX))
     return True
 
 

@@ -20,7 +20,7 @@ from sfengine.engine.lifecycle import (
     STOP_TIMEOUT_SEC,
     terminate_processes,
 )
-from sfengine.engine.respawn import InboxLockHeld
+from sfengine.engine.respawn import InboxLockHeld, lock_owner
 from sfengine.evaluation.training_evaluator import EVALUATOR_PROCESS
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class Supervision:
                 self._stop_every_rank(f"trained for {run.train_for_seconds:g} s")
             elif self.interrupts:
                 self._stop_every_rank("interrupted by a signal")
-            elif self.hang_watch is not None and (hung := self.hang_watch.hung()):
+            elif self.hang_watch is not None and (hung := self._culprit()):
                 self._stop_hung(hung)
             elif self.hang_watch is not None and (stuck := self.hang_watch.learner_hung()):
                 self._stop_hung_learner(stuck)
@@ -156,6 +156,23 @@ class Supervision:
         if component.startswith("inference_worker_"):
             self.inference_respawned.emit(int(component.rsplit("_", 1)[1]))
 
+    def _culprit(self, among: dict | None = None, stopping: bool = False) -> str | None:
+        """The silent worker to name and respawn, of those past the timeout. A worker frozen inside a queue
+        operation keeps that inbox locked, which silences its reader too (an inference worker stopped inside a put
+        to a rollout worker's inbox): a worker whose inbox's lock another watched worker holds waits for that
+        one, which is named once its own silence passes the timeout; among the rest a holder of any inbox's lock
+        comes first, then the longest silent. Respawning the frozen one frees the others; respawning its reader
+        instead would drop the reader's episodes and blame its env for nothing."""
+        silent = self.hang_watch.silent(among, stopping)
+        if silent and self.respawner is not None and self.respawner.enabled:
+            names = {p.name.removesuffix("_process"): p for p in self.processes}
+            watched = {names[name].pid: name for name in self.hang_watch.last_heard if name in names}
+            holders = {watched.get(lock_owner(queue)) for queue in self.respawner.inboxes}
+            inbox_holder = {name: watched.get(lock_owner(p.event_loop.signal_queue)) for name, p in names.items()}
+            silent = [name for name in silent if inbox_holder.get(name) in (None, name)]
+            silent.sort(key=lambda name: name not in holders)  # stable: the longest silent first within each
+        return silent[0] if silent else None
+
     def _stop_hung(self, component: str) -> None:
         """Print the hung component's stack (SIGUSR1, see EngineProcess) and what it was doing, then respawn it;
         past --max_respawns, end it and stop the run: the others save a checkpoint and exit as usual."""
@@ -204,7 +221,7 @@ class Supervision:
         # Only a running learner: one already ended keeps its clock's open update, and would be ended every tick.
         if "learner" in running and (stuck := self.hang_watch.learner_hung()):
             return stuck, None
-        component = self.hang_watch.hung(among=running, stopping=True)
+        component = self._culprit(among=running, stopping=True)
         return (self.hang_watch.describe(component), running[component]) if component else None
 
     def _end_hung_while_stopping(self, description: str, process: EngineProcess | None) -> None:

@@ -35,6 +35,7 @@ from helpers import (
 )
 from sfengine.config import Config
 from sfengine.engine import respawn
+from sfengine.engine.hang_watch import HangWatch
 from sfengine.engine.respawn import (
     MUTEX,
     MUTEX_OWNER,
@@ -44,6 +45,7 @@ from sfengine.engine.respawn import (
     release_lock_held_by,
     reset_waiters,
 )
+from sfengine.engine.supervision import Supervision
 from sfengine.tasks.scheduler import Assignment, TaskSchedule, shard_pairs
 from sfengine_envs.multitask_toy import NUM_INIT_STATES, NUM_TASKS
 
@@ -351,3 +353,39 @@ def test_a_worker_stuck_holding_the_dead_workers_inbox_lock_is_ended_too(monkeyp
     assert put_within(inbox, 30)  # the successor's inbox works: it receives the message and returns
     dead.join(10)
     assert dead.exitcode == 0
+
+
+@pytest.mark.skipif(not inbox_layout_known(Queue()), reason="the inbox repair knows faster-fifo 1.5 on x86-64 glibc")
+@pytest.mark.parametrize("frozen", ["sender inside the reader's inbox", "reader inside its inbox", "neither"])
+def test_a_worker_frozen_inside_an_inbox_is_named_rather_than_a_worker_it_silenced(frozen):
+    # An inference worker frozen inside a put holds its rollout worker's inbox lock: both go silent, and the rollout
+    # worker may have reported last a little earlier. The frozen one is to blame, and respawning it frees the other.
+    # A rollout worker frozen inside its own inbox silences the inference worker that writes to it, the other way.
+    inbox = Queue(max_size_bytes=100_000)
+    reader = PlainProcess(
+        "rollout_worker_0_process", hold_the_lock if frozen.startswith("reader") else wait_in_get, inbox
+    )
+    sender_target = (lambda _own_inbox: hold_the_lock(inbox)) if frozen.startswith("sender") else wait_in_get
+    sender = PlainProcess("inference_worker_0_process", sender_target, Queue())
+    if frozen != "neither":
+        holder = sender if frozen.startswith("sender") else reader
+        wait_for_field(inbox, MUTEX_OWNER, holder.pid, holder)
+    supervision = type("Watched", (Supervision,), {})()
+    supervision.processes = [reader, sender]
+    inboxes = [inbox, sender.event_loop.signal_queue]
+    supervision.respawner = Respawner(Config(), buffers=None, task_sequence=None, inboxes=inboxes)
+    watch = supervision.hang_watch = HangWatch(Config(), splits=None)  # --hang_timeout_sec 120
+    try:
+        now = time.monotonic()
+        watch.last_heard = {"rollout_worker_0": now - 121, "inference_worker_0": now - 119}
+        # Only the reader is past the timeout: while the sender holds its inbox, it waits for the sender's turn.
+        assert supervision._culprit() == (None if frozen.startswith("sender") else "rollout_worker_0")
+        watch.last_heard["inference_worker_0"] = now - 120.5  # both past it, the reader silent longer
+        assert supervision._culprit() == ("inference_worker_0" if frozen.startswith("sender") else "rollout_worker_0")
+        watch.last_heard["inference_worker_0"] = now - 122  # both past it, the sender silent longer
+        assert supervision._culprit() == ("rollout_worker_0" if frozen.startswith("reader") else "inference_worker_0")
+        assert supervision._culprit(among={"inference_worker_0": sender}, stopping=True) == "inference_worker_0"
+    finally:
+        for process in (reader, sender):
+            process.kill()
+            process.join(10)
