@@ -62,6 +62,7 @@ class Runner(Supervision, Reporting, Component):
         self.stop_reason: str | None = None
         self.stop_started = 0.0
         self.exit_code = 0
+        self.learner_end_said = False  # a learner that ended without its final report was named (Supervision)
         self.interrupts = 0
         self.writer: TensorBoardWriter | None = None
         self.ranks = RankInfo.from_environment()

@@ -66,6 +66,7 @@ class Supervision:
         training = [p for p in self.processes if p.name != EVALUATOR_PROCESS]
         training_done = all(not p.is_alive() for p in training) if training else self.stats.final_learner_report
         if training_done:
+            self._check_the_learners_end()
             if self.final_evaluation is None or self.final_evaluation.over(self):
                 self.event_loop.stop()
         elif starting := self._still_starting():
@@ -77,6 +78,23 @@ class Supervision:
         elif time.time() - self.stop_started > STOP_TIMEOUT_SEC:
             self._terminate_the_stragglers()
             self.event_loop.stop()
+
+    def _check_the_learners_end(self) -> None:
+        """A learner process that ended without its final report (killed in its final save by the OOM killer, a
+        crash in its stop) took the weights trained since its last checkpoint with it: the run says so and exits
+        with 1. Once, and not where the runner said it already (the learner's death stopped the run, or the runner
+        ended it as hung or as a straggler)."""
+        learner = next((p for p in self.processes if p.name == "learner_process"), None)
+        if learner is None or self.learner_end_said or self.stats.final_learner_report or not learner.exitcode:
+            return
+        self.learner_end_said = True
+        code = learner.exitcode
+        how = f"signal {os_signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        saved = list_checkpoints(self.cfg.experiment_dir)
+        kept = f"the last checkpoint is {saved[-1].name}" if saved else "no checkpoint was written"
+        log.error("the learner ended by %s before its final checkpoint; %s; exit code 1", how, kept)
+        self.stop_reason = f"{self.stop_reason or 'stopped'}; the learner ended by {how} before its final checkpoint"
+        self.exit_code = max(self.exit_code, 1)
 
     def _still_starting(self) -> list[EngineProcess]:
         """Rollout and inference workers alive and never heard from, STARTING_STOP_GRACE_SEC into the stop."""
@@ -104,7 +122,7 @@ class Supervision:
             "; the learner's final checkpoint may be missing" if learner else "",
         )
         if learner:
-            self.exit_code = 1
+            self.exit_code, self.learner_end_said = 1, True
         terminate_processes(self.processes)
 
     def _pausing(self, process: EngineProcess) -> bool:
@@ -124,6 +142,7 @@ class Supervision:
                 log.error("%s died (exit code %s); respawning it", component, process.exitcode)
                 self._respawn(process)
                 continue
+            self.learner_end_said |= process.name == "learner_process"
             log.error(
                 "a component process died: %s (exit code %s); %s; stopping the run",
                 process.name,
@@ -210,6 +229,7 @@ class Supervision:
         kept = f"the last checkpoint is {saved[-1].name}" if saved else "no checkpoint was written yet"
         log.error("%s (hung?); its stack is above; stopping the run (--hang_timeout_sec); %s", description, kept)
         process.kill()
+        self.learner_end_said = True
         Component.abandoned_inboxes.append(process.event_loop.signal_queue)
         self.request_stop("hung: learner", exit_code=1)
         self.exit_code = 1  # also when it hung in the final save, after the stop had begun

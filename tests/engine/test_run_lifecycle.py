@@ -870,6 +870,53 @@ def test_a_disk_that_fills_during_a_run_neither_hangs_it_nor_passes_for_success(
     assert "Traceback" not in out, out[-3000:]
 
 
+# A user script whose learner process is killed inside its final save, as the OOM killer would kill it.
+KILLED_IN_FINAL_SAVE_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import signal
+    import sys
+
+    from sfengine.learning.learner_worker import LearnerWorker
+    from sfengine.train import main
+
+    real_save = LearnerWorker.save
+
+
+    def save(self):  # the name the save timer's connection looks up
+        if self.stopped:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_save(self)
+
+
+    LearnerWorker.save = save
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_learner_killed_in_its_final_save_makes_the_run_exit_1_naming_the_checkpoint_left(tmp_path, train_dir):
+    shm_before = shm_entries()
+    script = tmp_path / "killed_in_final_save.py"
+    script.write_text(KILLED_IN_FINAL_SAVE_SCRIPT)
+    process = start_script(script, train_dir, "killed", *FAST, "--train_for_seconds=8", "--save_every_sec=1")
+    children = component_processes(process)
+    output = process.communicate(timeout=180)[0]
+    assert process.returncode == 1, output[-3000:]
+    saved = sorted((train_dir / "killed" / "checkpoints").glob("checkpoint_*.pt"))
+    assert saved, output[-3000:]
+    line = f"the learner ended by signal SIGKILL before its final checkpoint; the last checkpoint is {saved[-1].name}"
+    assert line in output, output[-3000:]
+    summary = read_summary(train_dir, "killed")
+    assert summary["exit_code"] == 1 and summary["stop_reason"].endswith("before its final checkpoint")
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()
+
+
 @pytest.mark.slow
 def test_sigusr1_prints_the_main_processs_stacks_and_the_run_goes_on(train_dir):
     command = train_command(train_dir, "usr1", *FAST, "--train_for_env_steps=100000000", "--train_for_seconds=6")
