@@ -82,6 +82,19 @@ def start_early(argv: list[str]) -> None:
     torch while the command does. Not for a serial run (``--serial_mode``: no component processes) or a help text;
     a server that turns out unused (a preset's serial mode, bad input) is stopped at the command's end
     (``end_process_now``)."""
-    if any(arg in ("-h", "--help") or arg.startswith("--serial_mode") and not arg.endswith("False") for arg in argv):
+    if any(arg in ("-h", "--help") for arg in argv) or serial_mode_asked(argv):
         return
     component_context()
+
+
+def serial_mode_asked(argv: list[str]) -> bool:
+    """Whether the command line turns ``--serial_mode`` on (``--serial_mode=VALUE`` or ``--serial_mode VALUE``, the
+    last one given, VALUE true as the config reads it: 1, true, yes or on; its words are repeated here because this
+    module imports nothing of the package)."""
+    asked = False
+    for i, arg in enumerate(argv):
+        name, has_value, value = arg.partition("=")
+        if name == "--serial_mode":
+            value = value if has_value else (argv[i + 1] if i + 1 < len(argv) else "")
+            asked = value.strip().lower() in ("1", "true", "yes", "on")
+    return asked

@@ -10,10 +10,11 @@ import sys
 
 import numpy as np
 import psutil
+import pytest
 import torch
 
 from sfengine.engine.event_loop import Component, EngineProcess, stop_own_loop
-from sfengine.engine.fork_server import component_context, parent_of_components
+from sfengine.engine.fork_server import component_context, parent_of_components, serial_mode_asked
 
 
 class DrawsRandomNumbers(Component):
@@ -89,3 +90,22 @@ def test_a_command_refused_at_once_leaves_no_fork_server_behind(tmp_path):
     _, alive = psutil.wait_procs([process for process, _ in left], timeout=10)
     assert alive == []
     assert returncode == 2 and "unknown env 'no_such_env'" in (tmp_path / "err").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv, serial",
+    [
+        (["--serial_mode=True"], True),
+        (["--serial_mode", "yes"], True),
+        (["--serial_mode=1", "--env=x"], True),
+        (["--serial_mode=false"], False),
+        (["--serial_mode", "off"], False),
+        (["--serial_mode=True", "--serial_mode=0"], False),  # the last one given, as the config reads it
+        (["--serial_mode_x=True"], False),
+        (["--env=CartPole-v1"], False),
+    ],
+)
+def test_a_serial_run_is_told_from_its_command_line_as_the_config_reads_it(argv, serial):
+    # A serial run starts no component process, so no fork server is started early for it; a run that is not one
+    # gets one (its components start faster), whichever way the option is written.
+    assert serial_mode_asked(argv) is serial
