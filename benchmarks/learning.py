@@ -86,14 +86,16 @@ def run_peer(system: str, env: str, seed: int, env_steps: int, out: Path, thread
     write_json(out, {**record, "cpu_sec": cpu_sec, "threads": threads})
 
 
-def run_sfengine(env: str, seed: int, env_steps: int, out: Path, device: str, extra: list[str]) -> None:
-    """One sfengine training run through the CLI; its curve is read back from its TensorBoard file."""
+def run_sfengine(
+    env: str, seed: int, env_steps: int, out: Path, device: str, extra: list[str], algo: str = "ppo"
+) -> None:
+    """One sfengine training run through the CLI (with the algorithm's preset for the env); its curve is read back
+    from its TensorBoard file."""
     system = "sfengine" if device == "cpu" else f"sfengine-{device}"
     with tempfile.TemporaryDirectory(prefix="sfengine_learning_") as train_dir:
         experiment = f"{env}_seed{seed}"
-        preset = SFENGINE_PRESETS.get(env, "mujoco")
-        command = [sys.executable, "-m", "sfengine.train", f"--env={env}", f"--seed={seed}"]
-        command += [f"--cfg={SFENGINE_SAC_PRESET}" if "--algo=sac" in extra else f"--cfg={preset}"]
+        preset = SFENGINE_SAC_PRESET if algo == "sac" else SFENGINE_PRESETS.get(env, "mujoco")
+        command = [sys.executable, "-m", "sfengine.train", f"--env={env}", f"--seed={seed}", f"--cfg={preset}"]
         command += [f"--train_for_env_steps={env_steps}", f"--device={device}", f"--train_dir={train_dir}"]
         command += [f"--experiment={experiment}", "--report_every_sec=5", "--restart_behavior=overwrite", *extra]
         print(" ".join(command), flush=True)
@@ -225,7 +227,7 @@ def main() -> None:
     args = parser.parse_args()
     out_dir = Path(args.out or f"benchmarks/results/learning{'_sac' if args.algo == 'sac' else ''}")
     envs = args.envs.split(",")
-    extra = args.sfengine_args.split() + (["--algo=sac"] if args.algo == "sac" else [])
+    extra = args.sfengine_args.split()
     systems = args.systems.split(",")
     for env in envs:
         for system in systems:
@@ -233,7 +235,7 @@ def main() -> None:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     name = "sfengine" if args.device == "cpu" else f"sfengine-{args.device}"
                     path = out_dir / env / f"{name}_seed{seed}.json"
-                    run_sfengine(env, seed, args.env_steps, path, args.device, extra)
+                    run_sfengine(env, seed, args.env_steps, path, args.device, extra, args.algo)
             elif system in PEERS:
                 for seed in (int(s) for s in args.peer_seeds.split(",")):
                     path = out_dir / env / f"{system}_seed{seed}.json"
