@@ -291,3 +291,10 @@ def scripted_demos(count: int, noise: float = 0.2) -> DemoSet:
             done = terminated or truncated
         demos.append(demo(observations, actions, init_state=episode))
     return DemoSet("sparse_reach", "state", demos)
+
+
+def assert_nothing_left(processes: list[psutil.Process], shm_before: set[str]) -> None:
+    """No process of the run outlived it (within 15 s) and it left nothing in /dev/shm."""
+    _, alive = psutil.wait_procs(processes, timeout=15)
+    assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()

@@ -23,8 +23,8 @@ from faster_fifo import Queue
 
 from helpers import (
     FAST,
+    assert_nothing_left,
     component,
-    leaked_shm,
     read_summary,
     running_component,
     shm_entries,
@@ -84,12 +84,6 @@ def kill_and_wait_for_successor(process: subprocess.Popen, name: str) -> tuple[i
         assert time.time() < deadline, f"{name} was not respawned"
         time.sleep(0.2)
     return victim.pid, seen
-
-
-def assert_nothing_left(processes: list[psutil.Process], shm_before: set[str]) -> None:
-    _, alive = psutil.wait_procs(processes, timeout=15)
-    assert not alive, f"stray processes: {alive}"
-    assert leaked_shm(shm_before) == set()
 
 
 @pytest.mark.parametrize(

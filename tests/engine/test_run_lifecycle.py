@@ -19,6 +19,7 @@ import torch
 
 from helpers import (
     FAST,
+    assert_nothing_left,
     component_processes,
     leaked_shm,
     read_summary,
@@ -912,9 +913,7 @@ def test_a_learner_killed_in_its_final_save_makes_the_run_exit_1_naming_the_chec
     assert line in output, output[-3000:]
     summary = read_summary(train_dir, "killed")
     assert summary["exit_code"] == 1 and summary["stop_reason"].endswith("before its final checkpoint")
-    _, alive = psutil.wait_procs(children, timeout=15)
-    assert not alive, f"stray processes: {alive}"
-    assert leaked_shm(shm_before) == set()
+    assert_nothing_left(children, shm_before)
 
 
 @pytest.mark.slow
