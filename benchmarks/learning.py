@@ -215,8 +215,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", default="HalfCheetah-v5,Hopper-v5")
     parser.add_argument("--systems", default="sfengine,sb3,cleanrl")
-    parser.add_argument("--seeds", default="1,2,3", help="sfengine's seeds")
-    parser.add_argument("--peer_seeds", default="1")
+    parser.add_argument("--seeds", default=None, help="sfengine's seeds (default 1,2,3)")
+    parser.add_argument("--peer_seeds", default="1", help="the peers' seeds")
     parser.add_argument("--env_steps", type=int, default=1_000_000)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="sfengine's learner device")
     parser.add_argument("--rerun_peers", action="store_true", help="run peers even where their results exist")
@@ -229,10 +229,13 @@ def main() -> None:
     envs = args.envs.split(",")
     extra = args.sfengine_args.split()
     systems = args.systems.split(",")
+    if args.seeds is not None and "sfengine" not in systems:
+        parser.error("--seeds sets sfengine's seeds and --systems runs no sfengine: give the peers' as --peer_seeds")
+    seeds = [int(s) for s in (args.seeds or "1,2,3").split(",")]
     for env in envs:
         for system in systems:
             if system == "sfengine":
-                for seed in (int(s) for s in args.seeds.split(",")):
+                for seed in seeds:
                     name = "sfengine" if args.device == "cpu" else f"sfengine-{args.device}"
                     path = out_dir / env / f"{name}_seed{seed}.json"
                     run_sfengine(env, seed, args.env_steps, path, args.device, extra, args.algo)

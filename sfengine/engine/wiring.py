@@ -103,8 +103,7 @@ def build_components(
     from sfengine.rollout.rollout_worker import RolloutWorker
 
     processes: list[EngineProcess] = []
-    resumed_from = int(resume_state["env_steps"]) if resume_state else 0
-    seed = component_seed(cfg.env.seed, RankInfo.from_environment().rank, resumed_from)
+    seed = component_seed(cfg.env.seed, RankInfo.from_environment().rank, resumed_count(resume_state, "env_steps"))
     loop_for = component_loops(cfg.sampler.serial_mode, runner_loop, mp_context, processes, seed)
     workers = [
         RolloutWorker(
@@ -147,8 +146,8 @@ def run(
 ) -> int:
     """Train until a stop condition; return the process exit code."""
     mp_context = component_context()
-    initial_version = int(resume_state["policy_version"]) if resume_state else 0
-    initial_env_steps = int(resume_state["env_steps"]) if resume_state else 0
+    initial_version = resumed_count(resume_state, "policy_version")
+    initial_env_steps = resumed_count(resume_state, "env_steps")
 
     buffers = SharedBuffers.allocate(cfg, obs_spec, action_spec)
     algorithm = algorithm_for(cfg)
@@ -190,6 +189,11 @@ def run(
         print(end_summary(cfg, summary), flush=True)
         print(json_text(summary, indent=None), flush=True)
     return runner.exit_code
+
+
+def resumed_count(resume_state: dict | None, key: str) -> int:
+    """A count a resumed run goes on from (``env_steps``, ``policy_version``); 0 for a fresh run."""
+    return int(resume_state[key]) if resume_state else 0
 
 
 def initial_reference(algorithm: Algorithm, model: ActorCritic, resume_state: dict | None) -> ActorCritic | None:
