@@ -18,6 +18,7 @@ import contextlib
 import errno
 import json
 import logging
+import re
 import shutil
 import time
 from pathlib import Path
@@ -25,7 +26,16 @@ from pathlib import Path
 import torch
 
 from sfengine.algorithms import algorithm_for
-from sfengine.config import Config, ConfigError, check_group_layout, env_defaults_preset, parse_config, save_config
+from sfengine.config import (
+    Config,
+    ConfigError,
+    check_group_layout,
+    env_defaults_preset,
+    load_saved_config,
+    option_table,
+    parse_config,
+    save_config,
+)
 from sfengine.engine.checkpoint import (
     CheckpointError,
     find_checkpoint,
@@ -51,20 +61,24 @@ log = logging.getLogger("sfengine")
 MIN_FREE_MIB = 16  # a run's config, first checkpoints and event files
 
 
-def prepare_experiment_dir(cfg: Config, ranks: RankInfo) -> dict | None:
-    """Apply --restart_behavior; return the checkpoint to resume from (None: a fresh start). Only rank 0 changes
-    the directory; the other ranks read the same checkpoint."""
+def checkpoint_to_resume(cfg: Config) -> dict | None:
+    """The latest checkpoint of the experiment under --restart_behavior=resume (None: a fresh start)."""
+    return load_latest_checkpoint(cfg.experiment_dir) if cfg.run.restart_behavior == "resume" else None
+
+
+def prepare_experiment_dir(cfg: Config, ranks: RankInfo) -> None:
+    """Apply --restart_behavior and write the run's config.json. Only rank 0 changes the directory. Called once
+    the run's settings are known to fit what it resumes: a refused resume leaves config.json as it was."""
     directory = cfg.experiment_dir
     behavior = cfg.run.restart_behavior
     if ranks.rank != 0:
-        return load_latest_checkpoint(directory) if behavior == "resume" else None
+        return
     if directory.exists() and behavior == "overwrite":
         shutil.rmtree(directory)
     elif directory.exists() and behavior == "restart":
         aside = directory.with_name(f"{directory.name}.{time.strftime('%Y%m%d-%H%M%S')}")
         directory.rename(aside)
         print(f"previous run of '{cfg.run.experiment}' moved to {aside}", flush=True)
-    resume_state = load_latest_checkpoint(directory) if behavior == "resume" else None
     existed = directory.is_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -78,7 +92,6 @@ def prepare_experiment_dir(cfg: Config, ranks: RankInfo) -> dict | None:
             f"--train_dir={cfg.run.train_dir}: cannot write the run's files in {directory} ({write_failure(exc, directory)}); "
             "give a directory you can write to, on a disk with room"
         ) from None
-    return resume_state
 
 
 def check_room(directory) -> None:
@@ -153,10 +166,7 @@ def build_model(
         try:
             model.load_state_dict(resume_state["model"])
         except RuntimeError as exc:
-            raise CheckpointError(
-                f"the latest checkpoint of '{cfg.run.experiment}' does not fit this model/env "
-                f"({str(exc).splitlines()[0]}); use the original settings or --restart_behavior=restart"
-            ) from None
+            raise resume_misfit(cfg, "policy", exc) from None
     elif init_from is not None:
         path, state = init_from
         try:
@@ -174,6 +184,88 @@ def build_model(
             flush=True,
         )
     return model
+
+
+def check_trainer_fits(cfg: Config, model: ActorCritic, resume_state: dict | None) -> None:
+    """The checkpoint a run resumes was written by its algorithm, and the trainer's part of it fits the run's
+    settings (SAC's and TD3's critics): checked here, before anything starts, rather than in the learner's process
+    once every worker runs (or not at all: a trainer whose state is not in the checkpoint would start afresh)."""
+    if resume_state is None:
+        return
+    algorithm = algorithm_for(cfg)
+    trained_with = saved_settings(cfg).get("algo", algorithm.name)
+    if trained_with != algorithm.name:
+        raise CheckpointError(
+            f"'{cfg.run.experiment}' was trained with --algo={trained_with}, and this run asks --algo="
+            f"{algorithm.name}: resume it with --algo={trained_with}, or start a new --experiment from its "
+            "checkpoint with --init_from"
+        )
+    if algorithm.check_resume is None or algorithm.name not in resume_state:
+        return
+    try:
+        algorithm.check_resume(cfg, model, resume_state[algorithm.name])
+    except (RuntimeError, KeyError) as exc:
+        raise resume_misfit(cfg, f"{algorithm.title or algorithm.name} trainer", exc) from None
+
+
+def resume_misfit(cfg: Config, part: str, exc: Exception) -> CheckpointError:
+    """A one-line refusal of a checkpoint that does not fit: its first mismatch, and the settings this run changes
+    from the run's own config.json (the usual cause)."""
+    changed = changed_settings(cfg)
+    cause = f"; this run changes {changed} from its config.json" if changed else ""
+    return CheckpointError(
+        f"the latest checkpoint of '{cfg.run.experiment}' does not fit this run's {part} ({load_mismatch(exc)})"
+        f"{cause}: resume with the run's settings, or start afresh with --restart_behavior=restart"
+    )
+
+
+def load_mismatch(exc: Exception) -> str:
+    """The first mismatch of a failed ``load_state_dict``, short: ``net.0.weight is [2, 4, 256] in the checkpoint,
+    [4, 4, 256] here`` or ``not in the checkpoint: "value_head.weight", ...``."""
+    if isinstance(exc, KeyError):
+        return f"it keeps no {exc}"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    detail = next((line for line in lines if not line.startswith("Error(s) in loading")), lines[0] if lines else "")
+    shapes = re.match(
+        r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[.*?\])\) from "
+        r"checkpoint, the shape in current model is torch\.Size\((\[.*?\])\)",
+        detail,
+    )
+    if shapes:
+        name, saved, here = shapes.groups()
+        return f"{name} is {saved} in the checkpoint, {here} here"
+    detail = detail.replace("Missing key(s) in state_dict:", "not in the checkpoint:").replace(
+        "Unexpected key(s) in state_dict:", "only in the checkpoint:"
+    )
+    return detail if len(detail) <= 160 else detail[:157] + "..."
+
+
+def saved_settings(cfg: Config) -> dict:
+    """The options in the run's saved config.json, flat; {} where there is none (or it cannot be read)."""
+    try:
+        return load_saved_config(cfg.experiment_dir / "config.json")
+    except (OSError, ConfigError):
+        return {}
+
+
+def changed_settings(cfg: Config) -> str:
+    """``--num_critics 2 -> 4, ...``: the options that shape networks (the env, the algorithm, the model's and the
+    algorithm's own options) whose value differs from the run's saved config.json; "" if none or none saved."""
+    table = option_table()
+    shaping = {"model", *cfg.own_groups()}
+    changes = []
+    for name, before in saved_settings(cfg).items():
+        info = table.get(name)
+        if info is None or (info.group not in shaping and name not in ("env", "algo")):
+            continue
+        now = cfg.get(name)
+        if now != before and not (isinstance(now, (list, tuple)) and list(now) == before):
+            changes.append(f"--{name} {format_value(before)} -> {format_value(now)}")
+    return ", ".join(changes)
+
+
+def format_value(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def init_from_env_hint(path: Path, env: str) -> str:
@@ -248,8 +340,6 @@ def main(argv: list[str] | None = None) -> int:
         init_from = load_init_from(cfg, resuming)
         if init_from is not None:
             model = build_model(cfg, obs_spec, action_spec, None, init_from)
-        # --inference_backend=numpy or --learner_backend=numpy on a policy they cannot run: say so before any
-        # directory is touched (the choice depends on the model's structure, not its weights).
         algorithm = algorithm_for(cfg)
         if cfg.learner.demos and not algorithm.demos:
             raise ConfigError(
@@ -258,12 +348,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         if algorithm.check is not None:
             algorithm.check(cfg, obs_spec, action_spec)  # its rules on the env's spaces (SAC: the replay fits)
-        probe = model if init_from is not None else build_model(cfg, obs_spec, action_spec, None)
-        choose_inference_backend(cfg, probe)
-        choose_learner_backend(cfg, probe)
-        resume_state = prepare_experiment_dir(cfg, ranks)
+        # What a resumed run loads must fit its settings before its directory (config.json) changes.
+        resume_state = checkpoint_to_resume(cfg)
         if init_from is None:
             model = build_model(cfg, obs_spec, action_spec, resume_state)
+            check_trainer_fits(cfg, model, resume_state)
+        # --inference_backend=numpy or --learner_backend=numpy on a policy they cannot run: say so before any
+        # directory is touched (the choice depends on the model's structure, not its weights).
+        choose_inference_backend(cfg, model)
+        choose_learner_backend(cfg, model)
+        prepare_experiment_dir(cfg, ranks)
     except (ConfigError, CheckpointError) as exc:
         print(f"sfengine.train: error: {exc}", file=sys.stderr)
         return 2

@@ -32,6 +32,9 @@ A spec (``Algorithm``) declares what the engine needs and nothing more:
     title, describe(cfg)   how the start block names the algorithm and its settings
     check(cfg, obs_spec, action_spec)   its rules on the env's spaces, once they are known and before anything
                    starts (SAC: vector observations, a replay that fits in memory): raise ConfigError
+    check_resume(cfg, model, state)   whether the trainer's part of a checkpoint (its ``state_dict()``) fits this
+                   run's settings, tried before a resumed run starts (SAC, TD3: the critics' shapes): raise the
+                   RuntimeError of ``load_state_dict``; None: nothing to check beyond the policy
     status(cfg, stats)     its words on the status line from its last update's statistics (PPO: the clip mode's
                    KL, clipped share, ratio range), or None; every statistic goes to TensorBoard in any case
 """
@@ -66,6 +69,7 @@ class Algorithm:
     describe: Callable[[Config], str] | None = None
     status: Callable[[Config, dict], str | None] | None = None
     check: Callable[..., None] | None = None
+    check_resume: Callable[..., None] | None = None
     name: str = ""  # set by register_algorithm
 
     def needs_critic(self, cfg: Config) -> bool:

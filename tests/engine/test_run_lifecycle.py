@@ -136,12 +136,43 @@ def test_corrupt_checkpoint_is_an_error_not_a_fresh_start(train_dir):
     assert "cannot load checkpoint" in result.stderr and "--restart_behavior=restart" in result.stderr
 
 
+def error_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("sfengine.train: error:")]
+    assert len(lines) == 1, result.stderr[-2000:]
+    return lines[0]
+
+
 @pytest.mark.slow
-def test_checkpoint_of_another_model_is_rejected(train_dir):
+def test_a_resume_that_does_not_fit_its_checkpoint_is_refused_and_the_run_still_resumes(train_dir):
     assert run_train(train_dir, "shape", *FAST, "--train_for_env_steps=2048").returncode == 0
+    saved = (train_dir / "shape" / "config.json").read_text()
     result = run_train(train_dir, "shape", *FAST, "--hidden_sizes=32", "--train_for_env_steps=4096")
     assert result.returncode == 2
-    assert "does not fit this model" in result.stderr
+    line = error_line(result)
+    assert "does not fit this run's policy" in line and "in the checkpoint" in line, line
+    assert re.search(r"this run changes --hidden_sizes [\d,]+ -> 32 from its config\.json", line), line
+    # The refused settings were not written: resumed as it was trained, the run goes on.
+    assert (train_dir / "shape" / "config.json").read_text() == saved
+    result = run_train(train_dir, "shape", *FAST, "--train_for_env_steps=4096")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert read_summary(train_dir, "shape")["env_steps"] >= 4096
+
+
+@pytest.mark.slow
+def test_a_sac_run_resumed_with_other_critics_or_another_algorithm_is_refused_before_it_starts(train_dir):
+    args = ["--algo=sac", "--env=Pendulum-v1", "--num_workers=1", "--num_envs_per_worker=2", "--learning_starts=10000"]
+    assert run_train(train_dir, "critics", *args, "--train_for_env_steps=512").returncode == 0
+    saved = (train_dir / "critics" / "config.json").read_text()
+    longer = "--train_for_env_steps=1024"
+    result = run_train(train_dir, "critics", *args, "--num_critics=3", longer)
+    assert result.returncode == 2 and "learner" not in result.stdout  # refused before any process started
+    line = error_line(result)
+    assert "does not fit this run's SAC trainer" in line and "--num_critics 2 -> 3" in line, line
+    result = run_train(train_dir, "critics", *[a for a in args if a != "--algo=sac"], "--algo=td3", longer)
+    assert result.returncode == 2
+    line = error_line(result)
+    assert "was trained with --algo=sac" in line and "resume it with --algo=sac" in line, line
+    assert (train_dir / "critics" / "config.json").read_text() == saved
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import psutil
 import torch
 
 from sfengine.algorithms import TRAJECTORIES, Algorithm
+from sfengine.algorithms.offpolicy.critics import CriticEnsemble
 from sfengine.algorithms.offpolicy.options import OffPolicyOptions
 from sfengine.algorithms.offpolicy.replay import check_replay_fits
 from sfengine.algorithms.offpolicy.residual import policy_factory
@@ -58,6 +59,7 @@ def off_policy_algorithm(trainer, actor, residual, title: str, own_defaults: dic
         demos=True,  # kept in a replay of their own, drawn at --demo_ratio
         model=policy_factory(actor, residual),
         check=check,
+        check_resume=check_resume,
         title=title,
         describe=describe,
         status=status,
@@ -131,6 +133,15 @@ def check(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
     check_replay_fits(cfg.algorithm_options.replay_size, obs_spec, action_spec, psutil.virtual_memory().available)
     if cfg.learner.demos:
         check_demos_fit(read_run_demos(cfg), cfg, obs_spec, action_spec)
+
+
+def check_resume(cfg: Config, model, state: dict) -> None:
+    """The checkpoint's critics fit --num_critics, --critic_hidden_sizes and --critic_layer_norm (a mismatch
+    raises load_state_dict's RuntimeError); the optimiser's state and the targets have the critics' shapes."""
+    options = cfg.algorithm_options
+    width = model.critic_feature_dim + model.action_spec.dim
+    critics = CriticEnsemble(options.num_critics, width, options.critic_hidden_sizes, options.critic_layer_norm)
+    critics.load_state_dict(state["critics"])
 
 
 def describe(cfg: Config) -> str:

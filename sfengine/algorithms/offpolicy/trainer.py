@@ -256,6 +256,8 @@ class OffPolicyTrainer(Trainer):
         self.critics.load_state_dict(state["critics"])
         self.target_critics.load_state_dict(state["target_critics"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        # The optimiser's state brings its saved rate; a resumed run learns at the one its settings give.
+        set_rate(self.critic_optimizer, self.options.critic_learning_rate)
         self.critic_steps = int(state["critic_steps"])
         self.owed = float(state["owed"])
         self.env_steps_seen = int(state["env_steps_seen"])
@@ -264,6 +266,11 @@ class OffPolicyTrainer(Trainer):
         self.load_extra_state(state)
         if "replay" in state:
             self.replay.load_state_dict(state["replay"])
+
+
+def set_rate(optimizer: torch.optim.Optimizer, rate: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = rate
 
 
 def to_device(field, device: torch.device):

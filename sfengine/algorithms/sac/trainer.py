@@ -16,7 +16,7 @@ from torch import Tensor
 
 from sfengine.algorithms.offpolicy.critics import subset_min
 from sfengine.algorithms.offpolicy.replay import NStep
-from sfengine.algorithms.offpolicy.trainer import OffPolicyTrainer
+from sfengine.algorithms.offpolicy.trainer import OffPolicyTrainer, set_rate
 from sfengine.config import Config
 from sfengine.engine.distributed import LearnerGroup
 
@@ -72,3 +72,4 @@ class SACTrainer(OffPolicyTrainer):
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+        set_rate(self.alpha_optimizer, self.options.critic_learning_rate)
