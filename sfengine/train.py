@@ -31,7 +31,6 @@ from sfengine.config import (
     ConfigError,
     check_group_layout,
     env_defaults_preset,
-    load_saved_config,
     option_table,
     parse_config,
     save_config,
@@ -241,10 +240,12 @@ def load_mismatch(exc: Exception) -> str:
 
 
 def saved_settings(cfg: Config) -> dict:
-    """The options in the run's saved config.json, flat; {} where there is none (or it cannot be read)."""
+    """The options in the run's saved config.json, flat, read quietly (parsing the config has already named what
+    it ignores there); {} where there is none or it cannot be read."""
     try:
-        return load_saved_config(cfg.experiment_dir / "config.json")
-    except (OSError, ConfigError):
+        nested = json.loads((cfg.experiment_dir / "config.json").read_text())
+        return {name: value for group in nested.values() for name, value in group.items()}
+    except (OSError, ValueError, AttributeError):
         return {}
 
 
