@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from sfengine.algorithms import algorithm_for
+from sfengine.algorithms import Algorithm, algorithm_for
 from sfengine.config import (
     Config,
     ConfigError,
@@ -185,21 +185,22 @@ def build_model(
     return model
 
 
-def check_trainer_fits(cfg: Config, model: ActorCritic, resume_state: dict | None) -> None:
-    """The checkpoint a run resumes was written by its algorithm, and the trainer's part of it fits the run's
-    settings (SAC's and TD3's critics): checked here, before anything starts, rather than in the learner's process
-    once every worker runs (or not at all: a trainer whose state is not in the checkpoint would start afresh)."""
-    if resume_state is None:
-        return
-    algorithm = algorithm_for(cfg)
-    trained_with = saved_settings(cfg).get("algo", algorithm.name)
+def check_resumed_algorithm(cfg: Config, algorithm: Algorithm, resume_state: dict | None) -> None:
+    """A run resumes with the algorithm it was trained with (another would start its trainer afresh over the
+    other's policy): checked before the policy is loaded, so the refusal names the cause."""
+    trained_with = saved_settings(cfg).get("algo", algorithm.name) if resume_state is not None else algorithm.name
     if trained_with != algorithm.name:
         raise CheckpointError(
             f"'{cfg.run.experiment}' was trained with --algo={trained_with}, and this run asks --algo="
             f"{algorithm.name}: resume it with --algo={trained_with}, or start a new --experiment from its "
             "checkpoint with --init_from"
         )
-    if algorithm.check_resume is None or algorithm.name not in resume_state:
+
+
+def check_trainer_fits(cfg: Config, algorithm: Algorithm, model: ActorCritic, resume_state: dict | None) -> None:
+    """The trainer's part of the checkpoint a run resumes fits the run's settings (SAC's and TD3's critics):
+    checked here, before anything starts, rather than in the learner's process once every worker runs."""
+    if resume_state is None or algorithm.check_resume is None or algorithm.name not in resume_state:
         return
     try:
         algorithm.check_resume(cfg, model, resume_state[algorithm.name])
@@ -352,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         # What a resumed run loads must fit its settings before its directory (config.json) changes.
         resume_state = checkpoint_to_resume(cfg)
         if init_from is None:
+            check_resumed_algorithm(cfg, algorithm, resume_state)
             model = build_model(cfg, obs_spec, action_spec, resume_state)
-            check_trainer_fits(cfg, model, resume_state)
+            check_trainer_fits(cfg, algorithm, model, resume_state)
         # --inference_backend=numpy or --learner_backend=numpy on a policy they cannot run: say so before any
         # directory is touched (the choice depends on the model's structure, not its weights).
         choose_inference_backend(cfg, model)

@@ -138,10 +138,8 @@ def check(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
 def check_resume(cfg: Config, model, state: dict) -> None:
     """The checkpoint's critics fit --num_critics, --critic_hidden_sizes and --critic_layer_norm (a mismatch
     raises load_state_dict's RuntimeError); the optimiser's state and the targets have the critics' shapes."""
-    options = cfg.algorithm_options
     width = model.critic_feature_dim + model.action_spec.dim
-    critics = CriticEnsemble(options.num_critics, width, options.critic_hidden_sizes, options.critic_layer_norm)
-    critics.load_state_dict(state["critics"])
+    CriticEnsemble.of_options(cfg.algorithm_options, width).load_state_dict(state["critics"])
 
 
 def describe(cfg: Config) -> str:

@@ -58,6 +58,11 @@ class CriticEnsemble(nn.Module):
         layers.append(EnsembleLinear(members, width, 1))
         self.net = nn.Sequential(*layers)
 
+    @classmethod
+    def of_options(cls, options, input_dim: int) -> CriticEnsemble:
+        """The ensemble the off-policy options ask for (--num_critics, --critic_hidden_sizes, --critic_layer_norm)."""
+        return cls(options.num_critics, input_dim, options.critic_hidden_sizes, options.critic_layer_norm)
+
     def forward(self, features: Tensor, actions: Tensor) -> Tensor:
         """Q of every member: [E, N] for features [N, F] and actions [N, A] (or [E, N, ...] each, one per member)."""
         x = torch.cat([features, actions], dim=-1)

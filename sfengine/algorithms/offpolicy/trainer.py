@@ -39,12 +39,9 @@ class OffPolicyTrainer(Trainer):
         super().__init__(model, cfg, group)
         self.options = options = cfg.algorithm_options
         self.device = next(model.parameters()).device
-        self.critics = CriticEnsemble(
-            options.num_critics,
-            model.critic_feature_dim + model.action_spec.dim,
-            options.critic_hidden_sizes,
-            options.critic_layer_norm,
-        ).to(self.device)
+        self.critics = CriticEnsemble.of_options(options, model.critic_feature_dim + model.action_spec.dim).to(
+            self.device
+        )
         self.group.broadcast_model(self.critics)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=options.critic_learning_rate)

@@ -67,8 +67,7 @@ class ResidualTD3(ResidualPolicy, DeterministicActor):
         args = (options.residual_scale, options.residual_base_action, options.exploration_noise)
         chooser = None
         if options.ibrl:
-            width = base.vector_dim + action_spec.dim
-            chooser = CriticEnsemble(options.num_critics, width, options.critic_hidden_sizes, options.critic_layer_norm)
+            chooser = CriticEnsemble.of_options(options, base.vector_dim + action_spec.dim)
         return cls(obs_spec, action_spec, cfg.model, base, *args, chooser)
 
     def action(self, params: Tensor) -> Tensor:
