@@ -26,6 +26,7 @@ from sfengine.engine.distributed import LearnerGroup, RankBatch, RankInfo, param
 from sfengine.engine.event_loop import Component, stop_own_loop
 from sfengine.engine.messages import EpisodeStats, LearnerReport
 from sfengine.env.spaces import ActionSpec, ObsSpec
+from sfengine.learning.trainer import load_optimizer_state
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.tasks.sequence import SharedTaskSequence
 
@@ -87,7 +88,7 @@ class LearnerWorker(Component):
         self.reference = self.trainer.reference
         self.env_steps, self.version = 0, 0
         if self.resume_state is not None:
-            self.trainer.optimizer.load_state_dict(self.resume_state["optimizer"])
+            load_optimizer_state(self.trainer.optimizer, self.resume_state["optimizer"])
             if self.trainer_key in self.resume_state:
                 self.trainer.load_state_dict(self.resume_state[self.trainer_key])  # its reference goes on as it was
             self.env_steps = int(self.resume_state["env_steps"])

@@ -172,14 +172,17 @@ def test_a_resumed_trainer_goes_on_with_the_same_critics_targets_optimisers_and_
             assert torch.equal(a, b)
 
 
-def test_a_resumed_run_learns_at_the_critic_rate_its_command_gives_not_the_saved_one():
+def test_a_resumed_run_learns_at_the_critic_rate_and_eps_its_command_gives_not_the_saved_ones():
     trainer = make_trainer("sac")
     trainer.train(batch(0), 0, 0)
-    resumed = make_trainer("sac", critic_learning_rate=3e-4)
+    resumed = make_trainer("sac", critic_learning_rate=3e-4, adam_eps=1e-5)
     resumed.load_state_dict(copy.deepcopy(trainer.state_dict()))
-    assert trainer.critic_optimizer.param_groups[0]["lr"] == 1e-3
+    assert (trainer.critic_optimizer.param_groups[0]["lr"], trainer.critic_optimizer.param_groups[0]["eps"]) == (
+        1e-3,
+        1e-8,
+    )
     for optimizer in (resumed.critic_optimizer, resumed.alpha_optimizer):
-        assert optimizer.param_groups[0]["lr"] == 3e-4
+        assert (optimizer.param_groups[0]["lr"], optimizer.param_groups[0]["eps"]) == (3e-4, 1e-5)
         assert optimizer.state  # the moments came with the checkpoint
 
 

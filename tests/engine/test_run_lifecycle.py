@@ -151,11 +151,15 @@ def test_a_resume_that_does_not_fit_its_checkpoint_is_refused_and_the_run_still_
     line = error_line(result)
     assert "does not fit this run's policy" in line and "in the checkpoint" in line, line
     assert re.search(r"this run changes --hidden_sizes [\d,]+ -> 32 from its config\.json", line), line
-    # The refused settings were not written: resumed as it was trained, the run goes on.
+    # The refused settings were not written: resumed as it was trained, the run goes on, its optimiser with the
+    # checkpoint's moments and the settings of this command (an --adam_eps that differs from the saved one).
     assert (train_dir / "shape" / "config.json").read_text() == saved
-    result = run_train(train_dir, "shape", *FAST, "--train_for_env_steps=4096")
+    result = run_train(train_dir, "shape", *FAST, "--train_for_env_steps=4096", "--adam_eps=1e-5")
     assert result.returncode == 0, result.stderr[-2000:]
     assert read_summary(train_dir, "shape")["env_steps"] >= 4096
+    optimizer = torch.load(latest_checkpoint(train_dir / "shape"), weights_only=True)["optimizer"]
+    assert optimizer["param_groups"][0]["eps"] == 1e-5
+    assert min(int(s["step"]) for s in optimizer["state"].values()) > 8  # more steps than the resumed part took
 
 
 @pytest.mark.slow

@@ -17,12 +17,14 @@ from sfengine.demos.fit import check_demos_fit, read_run_demos
 from sfengine.env.spaces import ActionSpec, ObsSpec
 
 # The engine's defaults are PPO's; these are the published off-policy ones where a run gives none (Stable-Baselines3,
-# CleanRL and the TD3 paper agree: minibatches of 256, Adam at 3e-4, no gradient clipping, 256-256 ReLU networks).
+# CleanRL and the TD3 paper agree: minibatches of 256, Adam at 3e-4 with PyTorch's eps, no gradient clipping, 256-256
+# ReLU networks). --adam_eps is every optimiser's of the run: the actor's, the critics' and SAC's temperature's.
 OFF_POLICY_DEFAULTS = {
     "batch_size": 256,
     "num_batches_per_epoch": 1,
     "num_epochs": 1,
     "learning_rate": 3e-4,
+    "adam_eps": 1e-8,
     "max_grad_norm": 0.0,
     "hidden_sizes": [256, 256],
     "activation": "relu",

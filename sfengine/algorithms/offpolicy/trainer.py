@@ -28,7 +28,7 @@ from sfengine.config import Config
 from sfengine.demos.fit import read_run_demos
 from sfengine.engine.buffers import TrajectoryBuffers
 from sfengine.engine.distributed import LearnerGroup
-from sfengine.learning.trainer import Trainer
+from sfengine.learning.trainer import Trainer, adam, load_optimizer_state
 from sfengine.models.actor_critic import ActorCritic
 
 ACTOR_STATS = ("actor_loss", "entropy", "grad_norm", "residual_size", "residual_to_base", "bc_distance")
@@ -44,7 +44,7 @@ class OffPolicyTrainer(Trainer):
         )
         self.group.broadcast_model(self.critics)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
-        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=options.critic_learning_rate)
+        self.critic_optimizer = adam(self.critics.parameters(), options.critic_learning_rate, cfg)
         self.gamma = cfg.learner.gamma
         self.replay = Replay(options.replay_size, cfg.sampler.rollout, model.obs_spec, model.action_spec)
         # --demos: a replay of their own, never overwritten; --demo_ratio of each minibatch comes from it.
@@ -252,9 +252,7 @@ class OffPolicyTrainer(Trainer):
     def load_state_dict(self, state: dict) -> None:
         self.critics.load_state_dict(state["critics"])
         self.target_critics.load_state_dict(state["target_critics"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        # The optimiser's state brings its saved rate; a resumed run learns at the one its settings give.
-        set_rate(self.critic_optimizer, self.options.critic_learning_rate)
+        load_optimizer_state(self.critic_optimizer, state["critic_optimizer"])
         self.critic_steps = int(state["critic_steps"])
         self.owed = float(state["owed"])
         self.env_steps_seen = int(state["env_steps_seen"])
@@ -263,11 +261,6 @@ class OffPolicyTrainer(Trainer):
         self.load_extra_state(state)
         if "replay" in state:
             self.replay.load_state_dict(state["replay"])
-
-
-def set_rate(optimizer: torch.optim.Optimizer, rate: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = rate
 
 
 def to_device(field, device: torch.device):

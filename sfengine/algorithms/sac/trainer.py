@@ -16,9 +16,10 @@ from torch import Tensor
 
 from sfengine.algorithms.offpolicy.critics import subset_min
 from sfengine.algorithms.offpolicy.replay import NStep
-from sfengine.algorithms.offpolicy.trainer import OffPolicyTrainer, set_rate
+from sfengine.algorithms.offpolicy.trainer import OffPolicyTrainer
 from sfengine.config import Config
 from sfengine.engine.distributed import LearnerGroup
+from sfengine.learning.trainer import adam, load_optimizer_state
 
 from .actor import SquashedGaussianActor
 
@@ -28,7 +29,7 @@ class SACTrainer(OffPolicyTrainer):
         super().__init__(model, cfg, group)
         options = self.options
         self.log_alpha = torch.tensor(math.log(options.init_temperature), device=self.device, requires_grad=True)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=options.critic_learning_rate)
+        self.alpha_optimizer = adam([self.log_alpha], options.critic_learning_rate, cfg)
         self.target_entropy = options.target_entropy or -float(model.action_spec.dim)
 
     def target_value(self, next_obs: dict[str, Tensor], next_features: Tensor) -> Tensor:
@@ -71,5 +72,4 @@ class SACTrainer(OffPolicyTrainer):
     def load_extra_state(self, state: dict) -> None:
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
-        self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
-        set_rate(self.alpha_optimizer, self.options.critic_learning_rate)
+        load_optimizer_state(self.alpha_optimizer, state["alpha_optimizer"])
