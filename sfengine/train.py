@@ -335,8 +335,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {warning}", flush=True)
         check_trained_tasks(cfg, tasks, ranks)
         resuming = cfg.run.restart_behavior == "resume" and bool(list_checkpoints(cfg.experiment_dir))
-        if resuming:
-            print(f"resuming '{cfg.run.experiment}' from {list_checkpoints(cfg.experiment_dir)[-1]}", flush=True)
         # --init_from is read and fitted before --restart_behavior moves or deletes a directory, and a checkpoint
         # that does not fit leaves every directory as it was. (A run that starts from it resumes nothing.)
         init_from = load_init_from(cfg, resuming)
@@ -364,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError) as exc:
         print(f"sfengine.train: error: {exc}", file=sys.stderr)
         return 2
+    if resume_state is not None:  # said once the checkpoint has been fitted: a refused resume resumes nothing
+        print(f"resuming '{cfg.run.experiment}' from {list_checkpoints(cfg.experiment_dir)[-1]}", flush=True)
     if resume_state is not None and resume_state["env_steps"] >= cfg.run.train_for_env_steps:
         print(
             f"'{cfg.run.experiment}' already has {resume_state['env_steps']} env steps >= --train_for_env_steps="

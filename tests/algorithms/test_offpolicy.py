@@ -265,14 +265,17 @@ def test_a_truncated_episode_bootstraps_from_its_own_last_observation_through_th
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "flow",
+    ("flow", "lag_limit"),
     [
-        ["--num_workers=2", "--num_envs_per_worker=2", "--rollout=16"],  # two workers acting asynchronously
-        ["--cfg=sac_mujoco"],  # the cheap-env preset: 4 envs waiting for the learner's weights after each batch
+        # Two workers acting asynchronously: the acting policy may be some batches behind.
+        (["--num_workers=2", "--num_envs_per_worker=2", "--rollout=16"], math.inf),
+        # The cheap-env preset: 4 envs waiting for the learner's weights after each batch, so each batch is acted
+        # by the weights of the one before, none older.
+        (["--cfg=sac_mujoco"], 0.0),
     ],
     ids=["async_2_workers", "sac_mujoco_preset"],
 )
-def test_sac_learns_pendulum_in_multi_process_mode(train_dir, flow):
+def test_sac_learns_pendulum_in_multi_process_mode(train_dir, flow, lag_limit):
     # A random policy scores about -1200 on Pendulum-v1; SAC passes -400 near 10k env steps. The mean is over the
     # last 30 episodes (6,000 env steps), so the run can stop soon after.
     args = ["--algo=sac", "--env=Pendulum-v1", *flow]
@@ -282,8 +285,7 @@ def test_sac_learns_pendulum_in_multi_process_mode(train_dir, flow):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "sac_pendulum")
     assert summary["episode_return_mean"] >= -400, summary
-    if flow == ["--cfg=sac_mujoco"]:
-        assert summary["policy_lag_mean"] == 0.0  # each batch acted by the weights of the one before, none older
+    assert summary["policy_lag_mean"] <= lag_limit, summary
 
 
 def test_a_replay_that_cannot_fit_and_image_observations_are_one_line_errors_before_anything_starts(train_dir):

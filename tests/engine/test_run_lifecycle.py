@@ -147,7 +147,7 @@ def test_a_resume_that_does_not_fit_its_checkpoint_is_refused_and_the_run_still_
     assert run_train(train_dir, "shape", *FAST, "--train_for_env_steps=2048").returncode == 0
     saved = (train_dir / "shape" / "config.json").read_text()
     result = run_train(train_dir, "shape", *FAST, "--hidden_sizes=32", "--train_for_env_steps=4096")
-    assert result.returncode == 2
+    assert result.returncode == 2 and "resuming" not in result.stdout  # it resumes nothing
     line = error_line(result)
     assert "does not fit this run's policy" in line and "in the checkpoint" in line, line
     assert re.search(r"this run changes --hidden_sizes [\d,]+ -> 32 from its config\.json", line), line
