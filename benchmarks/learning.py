@@ -172,7 +172,8 @@ def targets(env: str, rows: dict[str, dict], algo: str = "ppo") -> dict:
 
 def markdown(table: dict, algo: str = "ppo") -> str:
     lines = [
-        "| env | system | seeds | return (last 100 episodes), mean ± std over seeds (population) | wall time s | CPU time s | FPS |",
+        "| env | system | seeds | return (last 100 episodes), mean ± std over seeds (population) | wall time s | "
+        "CPU time s | FPS |",
         "|---|---|---|---|---|---|---|",
     ]
     for env, entry in table.items():

@@ -72,7 +72,8 @@ class LearnerConfig:
     lr_schedule: str = option("constant", "learning-rate schedule over train_for_env_steps", ("constant", "linear"))
     adam_eps: float = option(
         1e-6,
-        "Adam epsilon of every optimiser of the run (the policy, critics, temperature); unset, --algo=sac and td3 take 1e-8",
+        "Adam epsilon of every optimiser of the run (the policy, critics, temperature); unset, --algo=sac and td3 "
+        "take 1e-8",
     )
     gamma: float = option(0.99, "discount factor")
     gae_lambda: float = option(0.95, "GAE lambda")
