@@ -48,7 +48,6 @@ import gymnasium as gym
 import numpy as np
 
 from sfengine.config import AUTO, Config, ConfigError, option
-from sfengine.engine.distributed import RankInfo
 from sfengine.engine.sizing import Machine
 from sfengine.env.multitask import TaskInfo, selected_init_states
 from sfengine.env.registry import EnvContext
@@ -438,6 +437,8 @@ def make_libero_env(suite: str, ctx: EnvContext) -> gym.Env:
 def tasks_of_this_rank(init_states_per_task: list[int], only_tasks: list[int]) -> list[int]:
     """The tasks this rank can deal its envs in training: those of ``--tasks`` (every task when empty), sharded
     across the ranks of this process's job."""
+    from sfengine.engine.distributed import RankInfo  # torch: imported where a run starts, not when options are read
+
     ranks = RankInfo.from_environment()
     counts = selected_init_states(TaskInfo([], init_states_per_task), only_tasks, "--tasks")
     return sorted(shard_pairs(counts, ranks.rank, ranks.world_size))

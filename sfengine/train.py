@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import sys
 
+from sfengine.config import check_command_line
 from sfengine.engine.fork_server import start_early
 
 if __name__ == "__main__":
-    # The fork server imports torch for the components while this process imports it for itself, side by side.
+    # --help and a misspelt option are answered from the option names, in a fraction of a second; then the fork
+    # server imports torch for the components while this process imports it for itself, side by side.
+    check_command_line(sys.argv[1:], "sfengine.train")
     start_early(sys.argv[1:])
 
 import contextlib

@@ -8,7 +8,9 @@ algorithm, and never branches on its name.
 A spec (``Algorithm``) declares what the engine needs and nothing more:
 
     trainer        (model, cfg, group) -> a Trainer (sfengine.learning.trainer): one update per training batch;
-                   its state_dict() is kept in checkpoints under the algorithm's name
+                   its state_dict() is kept in checkpoints under the algorithm's name. The built-in algorithms
+                   give ``imported_on_call("module:Class")``: imported when a run builds its learner, so that
+                   reading the options (--help) imports no torch
     options        a dataclass of option() fields (its ``group`` attribute names its --help group): flat on the
                    command line, saved in config.json, taken only with --algo=<name>; cfg.algorithm_options
     validate(cfg)  the algorithm's own rules: raise ConfigError with a one-line fix
@@ -42,6 +44,7 @@ A spec (``Algorithm``) declares what the engine needs and nothing more:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -132,6 +135,24 @@ class Algorithm:
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def imported(path: str) -> Any:
+    """``module:name``'s object, imported now."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def imported_on_call(path: str) -> Callable[..., Any]:
+    """A callable that imports ``module:name`` at its first call and calls it: a spec's trainer or model given this
+    way keeps the registration free of torch, so that reading the options (``--help``, a misspelt option) imports
+    no more than the config needs. The built-in algorithms register their parts so."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return imported(path)(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = path.partition(":")[2]
+    return call
 
 
 def register_algorithm(name: str, spec: Algorithm) -> None:

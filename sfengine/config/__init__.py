@@ -56,6 +56,7 @@ from sfengine.config.parsing import (
     add_command_options,
     add_option_group,
     build_parser,
+    check_command_line,
     command_options,
     parse_config,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "auto_capable_options",
     "auto_options",
     "build_parser",
+    "check_command_line",
     "check_group_layout",
     "command_options",
     "declare_env_options",

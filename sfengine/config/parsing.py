@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 from typing import Any
 
 from sfengine.config.core import (
@@ -106,6 +107,17 @@ def command_options(options_cls: type, argv: list[str]) -> tuple[Any, list[str]]
 def add_command_options(parser: argparse.ArgumentParser, options_cls: type) -> None:
     """Show a command's own options (see ``command_options``) as a group of its ``--help``."""
     add_option_group(parser, options_cls.group, _options_of({options_cls.group: options_cls}))
+
+
+def check_command_line(argv: list[str], command: str) -> None:
+    """Answer ``--help`` (exit 0) and a misspelt or malformed option (its one line, exit 2) from the option names
+    alone, before a command imports the engine and torch, which takes seconds: a command's ``__main__`` calls it
+    first. Values, presets and saved configs are read later by ``parse_config``."""
+    try:
+        build_parser(f"python -m {command}").parse_args(argv)
+    except ConfigError as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> Config:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sfengine.algorithms import GROUPS, Algorithm, register_algorithm
-from sfengine.algorithms.flow_sar.sar import self_annotate
-from sfengine.algorithms.flow_sar.trainer import FlowSARTrainer
+from sfengine.algorithms import GROUPS, Algorithm, imported_on_call, register_algorithm
 from sfengine.config import Config, ConfigError, option
 
 
@@ -70,6 +68,8 @@ def validate(cfg: Config) -> None:
 
 def annotate(cfg: Config, reference, obs, actions):
     """The acting side's self-annotation of the steps it just took (the buffers' ANNOTATION_FIELDS, in order)."""
+    from sfengine.algorithms.flow_sar.sar import self_annotate  # torch: imported where a policy acts
+
     sar = cfg.algorithm_options
     return self_annotate(reference, obs, actions, sar.flow_sar_tau_mid, sar.flow_sar_t_min, sar.flow_sar_t_max)
 
@@ -77,7 +77,7 @@ def annotate(cfg: Config, reference, obs, actions):
 register_algorithm(
     "flow_sar",
     Algorithm(
-        trainer=FlowSARTrainer,
+        trainer=imported_on_call("sfengine.algorithms.flow_sar.trainer:FlowSARTrainer"),
         options=FlowSAROptions,
         validate=validate,
         critic=False,

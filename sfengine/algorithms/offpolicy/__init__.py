@@ -4,17 +4,16 @@ options (``options``, one ``offpolicy`` group) and the rules, defaults and check
 
 from __future__ import annotations
 
-import psutil
-import torch
+from typing import TYPE_CHECKING
 
-from sfengine.algorithms import TRAJECTORIES, Algorithm
-from sfengine.algorithms.offpolicy.critics import CriticEnsemble
+import psutil
+
+from sfengine.algorithms import TRAJECTORIES, Algorithm, imported, imported_on_call
 from sfengine.algorithms.offpolicy.options import OffPolicyOptions
-from sfengine.algorithms.offpolicy.replay import check_replay_fits
-from sfengine.algorithms.offpolicy.residual import policy_factory
 from sfengine.config import Config, ConfigError
-from sfengine.demos.fit import check_demos_fit, read_run_demos
-from sfengine.env.spaces import ActionSpec, ObsSpec
+
+if TYPE_CHECKING:
+    from sfengine.env.spaces import ActionSpec, ObsSpec
 
 # The engine's defaults are PPO's; these are the published off-policy ones where a run gives none (Stable-Baselines3,
 # CleanRL and the TD3 paper agree: minibatches of 256, Adam at 3e-4 with PyTorch's eps, no gradient clipping, 256-256
@@ -38,10 +37,11 @@ OFF_POLICY_DEFAULTS = {
 RESIDUAL_BC_WEIGHT = 0.4
 
 
-def off_policy_algorithm(trainer, actor, residual, title: str, own_defaults: dict) -> Algorithm:
+def off_policy_algorithm(trainer: str, actor: str, residual: str, title: str, own_defaults: dict) -> Algorithm:
     """The spec of an off-policy algorithm: its trainer (an ``OffPolicyTrainer``), the policy it acts with (its
-    ``actor`` class, or with --residual_over its ``residual`` class over the frozen base), and the defaults it sets
-    beyond the shared ones where a run gives none."""
+    ``actor`` class, or with --residual_over its ``residual`` class over the frozen base), each as ``module:name``
+    (imported when a run builds them, so reading the options imports no torch), and the defaults it sets beyond the
+    shared ones where a run gives none."""
 
     def defaults(cfg: Config, given: set[str]) -> None:
         for name, value in {**OFF_POLICY_DEFAULTS, **own_defaults}.items():
@@ -50,8 +50,13 @@ def off_policy_algorithm(trainer, actor, residual, title: str, own_defaults: dic
         if cfg.algorithm_options.residual_over and cfg.learner.demos and "bc_weight" not in given:
             cfg.set("bc_weight", RESIDUAL_BC_WEIGHT)
 
+    def model(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec):
+        from sfengine.algorithms.offpolicy.residual import policy_factory
+
+        return policy_factory(imported(actor), imported(residual))(cfg, obs_spec, action_spec)
+
     return Algorithm(
-        trainer=trainer,
+        trainer=imported_on_call(trainer),
         options=OffPolicyOptions,
         validate=validate,
         defaults=defaults,
@@ -59,7 +64,7 @@ def off_policy_algorithm(trainer, actor, residual, title: str, own_defaults: dic
         batch=TRAJECTORIES,
         final_obs=True,  # n-step targets bootstrap a time limit from the episode's own last observation
         demos=True,  # kept in a replay of their own, drawn at --demo_ratio
-        model=policy_factory(actor, residual),
+        model=model,
         check=check,
         check_resume=check_resume,
         title=title,
@@ -114,6 +119,8 @@ def validate(cfg: Config) -> None:
 
 
 def check_base_device(options) -> None:
+    import torch
+
     where = f"--residual_base_device={options.residual_base_device}"
     if not options.residual_over:
         raise ConfigError(f"{where} places the base of --residual_over, and none is given: drop it")
@@ -126,6 +133,9 @@ def check_base_device(options) -> None:
 
 
 def check(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
+    from sfengine.algorithms.offpolicy.replay import check_replay_fits
+    from sfengine.demos.fit import check_demos_fit, read_run_demos
+
     images = [key for key in obs_spec.shapes if obs_spec.is_image(key)]
     if images:
         raise ConfigError(
@@ -140,6 +150,8 @@ def check(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
 def check_resume(cfg: Config, model, state: dict) -> None:
     """The checkpoint's critics fit --num_critics, --critic_hidden_sizes and --critic_layer_norm (a mismatch
     raises load_state_dict's RuntimeError); the optimiser's state and the targets have the critics' shapes."""
+    from sfengine.algorithms.offpolicy.critics import CriticEnsemble
+
     width = model.critic_feature_dim + model.action_spec.dim
     CriticEnsemble.of_options(cfg.algorithm_options, width).load_state_dict(state["critics"])
 

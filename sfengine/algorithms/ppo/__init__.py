@@ -6,11 +6,8 @@ state). The update is ``trainer.PPOTrainer``; the math is in ``loss`` and ``surr
 
 from __future__ import annotations
 
-from sfengine.algorithms import GROUPS, TRAJECTORIES, Algorithm, register_algorithm
-from sfengine.algorithms.group_advantages import GROUP_ADVANTAGES
+from sfengine.algorithms import GROUPS, TRAJECTORIES, Algorithm, imported_on_call, register_algorithm
 from sfengine.algorithms.ppo.options import PPOOptions
-from sfengine.algorithms.ppo.surrogates import SURROGATE_TARGET_KL, SURROGATES
-from sfengine.algorithms.ppo.trainer import PPOTrainer
 from sfengine.config import Config, ConfigError
 
 CRITIC_ADVANTAGES = ("gae", "vtrace")
@@ -27,6 +24,9 @@ def group_advantages(cfg: Config) -> bool:
 
 
 def validate(cfg: Config) -> None:
+    # The registries hold torch functions: read here, after the command line's option names (and --help).
+    from sfengine.algorithms.group_advantages import GROUP_ADVANTAGES
+
     advantage = ppo_options(cfg).advantage
     if cfg.model.policy_head == "flow":
         raise ConfigError(
@@ -68,6 +68,8 @@ def validate(cfg: Config) -> None:
 
 
 def validate_policy_loss(policy: PPOOptions) -> None:
+    from sfengine.algorithms.ppo.surrogates import SURROGATES
+
     if policy.clip_mode not in SURROGATES:
         raise ConfigError(
             f"--clip_mode={policy.clip_mode!r} is not one of {', '.join(SURROGATES)}; register a new one with "
@@ -90,6 +92,8 @@ def validate_policy_loss(policy: PPOOptions) -> None:
 
 def defaults(cfg: Config, given: set[str]) -> None:
     """A clip mode's own trust region: its --target_kl (``register_surrogate``), unless the run sets one."""
+    from sfengine.algorithms.ppo.surrogates import SURROGATE_TARGET_KL
+
     if "target_kl" not in given:
         ppo_options(cfg).target_kl = SURROGATE_TARGET_KL.get(ppo_options(cfg).clip_mode, 0.0)
 
@@ -142,7 +146,7 @@ def status(cfg: Config, learner: dict[str, float]) -> str | None:
 register_algorithm(
     "ppo",
     Algorithm(
-        trainer=PPOTrainer,
+        trainer=imported_on_call("sfengine.algorithms.ppo.trainer:PPOTrainer"),
         validate=validate,
         defaults=defaults,
         critic=lambda cfg: not group_advantages(cfg),

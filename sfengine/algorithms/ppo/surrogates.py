@@ -23,19 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-
-class SurrogateParams(NamedTuple):
-    """The clip modes' parameters. The defaults are the published ones (sources in ``--help``)."""
-
-    clip_ratio: float = 0.2  # eps of ppo_clip and ce_gppo; the reference range of the clip-fraction diagnostic
-    soft_clip_alpha: float = 1.0
-    sapo_tau_pos: float = 1.0  # SAPO (Qwen, 2025): tau for A > 0
-    sapo_tau_neg: float = 1.05  # and a slightly steeper gate for A < 0
-    ce_gppo_beta_low: float = 0.75  # CE-GPPO (Kuaishou Klear, 2025): gradient kept below the range, A < 0
-    ce_gppo_beta_high: float = 1.0  # and above it, A > 0
-    ce_gppo_dual_clip: float = 3.0  # the authors' code bounds A < 0 samples at r = 3 (dual-clip PPO); 0: off
-    cispo_eps_low: float = 1.0  # CISPO (MiniMax-M1, arXiv 2506.13585): no lower bound on the weight ...
-    cispo_eps_high: float = 0.28  # ... and an upper one at 1.28
+from sfengine.algorithms.ppo.options import SurrogateParams
 
 
 class Surrogate(NamedTuple):

@@ -18,8 +18,7 @@ from torch import Tensor
 from sfengine.algorithms.advantages import gae, vtrace
 from sfengine.algorithms.group_advantages import GROUP_ADVANTAGES, episode_step_weights
 from sfengine.algorithms.ppo.loss import PPOLoss, explained_variance, kl_penalty, normalize_advantages, ppo_loss
-from sfengine.algorithms.ppo.options import PPOOptions
-from sfengine.algorithms.ppo.surrogates import SurrogateParams
+from sfengine.algorithms.ppo.options import PPOOptions, SurrogateParams
 from sfengine.config import Config
 from sfengine.engine.buffers import TrajectoryBuffers
 from sfengine.engine.distributed import LearnerGroup

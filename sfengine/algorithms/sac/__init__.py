@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from sfengine.algorithms import register_algorithm
 from sfengine.algorithms.offpolicy import off_policy_algorithm
-from sfengine.algorithms.sac.actor import ResidualSAC, SquashedGaussianActor
-from sfengine.algorithms.sac.trainer import SACTrainer
 
 # The critics (and the temperature) at CleanRL's 1e-3 rather than the 3e-4 of SB3 and RLPD: HalfCheetah-v5 at 150k
 # env steps 5,381 against 4,363 (2 seeds each), sparse_reach to 0.9 success in a third of the env steps
@@ -21,4 +19,13 @@ from sfengine.algorithms.sac.trainer import SACTrainer
 # 3e-4, with which its LIBERO runs were made.
 SAC_DEFAULTS = {"continuous_log_std": "state_dependent", "critic_learning_rate": 1e-3}
 
-register_algorithm("sac", off_policy_algorithm(SACTrainer, SquashedGaussianActor, ResidualSAC, "SAC", SAC_DEFAULTS))
+register_algorithm(
+    "sac",
+    off_policy_algorithm(
+        trainer="sfengine.algorithms.sac.trainer:SACTrainer",
+        actor="sfengine.algorithms.sac.actor:SquashedGaussianActor",
+        residual="sfengine.algorithms.sac.actor:ResidualSAC",
+        title="SAC",
+        own_defaults=SAC_DEFAULTS,
+    ),
+)

@@ -7,8 +7,15 @@ from __future__ import annotations
 
 from sfengine.algorithms import register_algorithm
 from sfengine.algorithms.offpolicy import off_policy_algorithm
-from sfengine.algorithms.td3.actor import DeterministicActor, ResidualTD3
-from sfengine.algorithms.td3.trainer import TD3Trainer
 
 # The TD3 paper's policy delay: the actor and its target move every second critic step.
-register_algorithm("td3", off_policy_algorithm(TD3Trainer, DeterministicActor, ResidualTD3, "TD3", {"actor_delay": 2}))
+register_algorithm(
+    "td3",
+    off_policy_algorithm(
+        trainer="sfengine.algorithms.td3.trainer:TD3Trainer",
+        actor="sfengine.algorithms.td3.actor:DeterministicActor",
+        residual="sfengine.algorithms.td3.actor:ResidualTD3",
+        title="TD3",
+        own_defaults={"actor_delay": 2},
+    ),
+)
