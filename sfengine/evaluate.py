@@ -20,16 +20,19 @@ from __future__ import annotations
 
 import sys
 
+from sfengine.config import check_command_line
 from sfengine.engine.fork_server import start_early
+from sfengine.evaluation.options import EvaluateOptions, evaluate_parser
 
 if __name__ == "__main__":
-    # The fork server imports torch for the components while this process imports it for itself, side by side.
+    # --help and a misspelt option are answered from the option names (sfengine.train's way); then the fork server
+    # imports torch for the components while this process imports it for itself, side by side.
+    check_command_line(sys.argv[1:], "sfengine.evaluate", evaluate_parser())
     start_early(sys.argv[1:])
 
 import argparse
 import datetime
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,11 +41,8 @@ from sfengine.config import (
     AUTO,
     Config,
     ConfigError,
-    add_command_options,
     auto_capable_options,
-    build_parser,
     command_options,
-    option,
     parse_config,
 )
 from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
@@ -62,38 +62,8 @@ from sfengine.models.actor_critic import ActorCritic
 from sfengine.numpy_backend.policy import choose_inference_backend
 from sfengine.train import probe_env
 
-EVALUATE_HELP = (
-    "Evaluates a checkpoint (--checkpoint, or the latest of --experiment) with the options of the 'evaluate' and "
-    "'eval' groups; the run's saved config supplies the rest, and any option given here overrides it."
-)
 SAMPLED_SUFFIX = "_sampled"  # the results folder of an evaluation with --eval_deterministic=false
 GATHER_TIMEOUT = datetime.timedelta(hours=12)  # ranks finish their shards at different times
-
-
-@dataclass
-class EvaluateOptions:
-    """sfengine.evaluate's own options (the ``evaluate`` group of its ``--help``); the ``eval`` group's, which the
-    training evaluator shares, and every other option come through the run's saved config."""
-
-    group = "evaluate"
-
-    checkpoint: str = option("", "the checkpoint file to evaluate (default: the experiment's latest)")
-    episodes_per_init: int = option(1, "multi-task envs: episodes of each (task, init state)")
-    eval_tasks: list[int] = option([], "multi-task envs: evaluate only these task indices (default: every task)")
-    eval_init_states: int = option(0, "multi-task envs: evaluate only each task's first N init states (0: all)")
-    video_per_task: int = option(0, "record this many episodes of each task as mp4")
-    video_size: int = option(256, "width and height of recorded videos in pixels (even)")
-
-    def validate(self) -> None:
-        if self.episodes_per_init < 1:
-            raise ConfigError(f"--episodes_per_init={self.episodes_per_init} must be at least 1")
-        if any(task < 0 for task in self.eval_tasks):
-            raise ConfigError(f"--eval_tasks={self.eval_tasks}: task indices start at 0")
-        for name in ("video_per_task", "eval_init_states"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name}={getattr(self, name)} must not be negative")
-        if self.video_size < 16 or self.video_size % 2:
-            raise ConfigError(f"--video_size={self.video_size}: give an even number of pixels, at least 16 (e.g. 256)")
 
 
 def locate_checkpoint(argv: list[str]) -> list[str]:
@@ -191,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     start_command()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser("python -m sfengine.evaluate", __doc__.split("\n\n")[0] + " " + EVALUATE_HELP)
-        add_command_options(parser, EvaluateOptions)
+        parser = evaluate_parser()
         options, rest = command_options(EvaluateOptions, locate_checkpoint(argv))
         cfg = parse_config(rest, parser)
         relayout(cfg, given=set(vars(parser.parse_args(rest))))

@@ -123,21 +123,22 @@ def test_cli_bad_input_exits_2_with_a_clear_message(train_dir, args, expected):
     assert "Traceback" not in result.stderr
 
 
-def test_help_and_a_misspelt_option_are_answered_before_torch_is_imported(tmp_path):
+@pytest.mark.parametrize(
+    "command, own_option", [("sfengine.train", "--replay_ratio"), ("sfengine.evaluate", "--video_per_task")]
+)
+def test_help_and_a_misspelt_option_are_answered_before_torch_is_imported(tmp_path, command, own_option):
     # Importing torch takes seconds: the built-in envs and algorithms register their parts by name, so reading the
-    # option names needs none of it, and sfengine.train answers --help and a misspelt option from the names alone.
+    # option names needs none of it, and the commands answer --help and a misspelt option from the names alone.
     for args, code in ((["--help"], 0), (["--num_worker=2"], 2)):
         result = subprocess.run(
-            [sys.executable, "-X", "importtime", "-m", "sfengine.train", *args],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
+            [sys.executable, "-X", "importtime", "-m", command, *args], cwd=tmp_path, capture_output=True, text=True
         )
         modules = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time")}
         assert result.returncode == code and "sfengine.config" in modules and "torch" not in modules, result.stderr[
             -500:
         ]
-    assert "sfengine.train: error: unknown option --num_worker=2 (did you mean --num_workers?)" in result.stderr
+        assert code or own_option in result.stdout  # the whole help: the algorithms' groups, the command's own
+    assert f"{command}: error: unknown option --num_worker=2 (did you mean --num_workers?)" in result.stderr
 
 
 def test_help_works_outside_the_repository(tmp_path):

@@ -109,12 +109,13 @@ def add_command_options(parser: argparse.ArgumentParser, options_cls: type) -> N
     add_option_group(parser, options_cls.group, _options_of({options_cls.group: options_cls}))
 
 
-def check_command_line(argv: list[str], command: str) -> None:
+def check_command_line(argv: list[str], command: str, parser: argparse.ArgumentParser | None = None) -> None:
     """Answer ``--help`` (exit 0) and a misspelt or malformed option (its one line, exit 2) from the option names
     alone, before a command imports the engine and torch, which takes seconds: a command's ``__main__`` calls it
-    first. Values, presets and saved configs are read later by ``parse_config``."""
+    first, with its own ``parser`` where it has one (sfengine.train's by default). Values, presets and saved
+    configs are read later by ``parse_config``."""
     try:
-        build_parser(f"python -m {command}").parse_args(argv)
+        (parser or build_parser(f"python -m {command}")).parse_args(argv)
     except ConfigError as exc:
         print(f"{command}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
