@@ -12,6 +12,9 @@ Sections, in this order (``--sections`` picks some); each writes its results to 
 - ``learner``: milliseconds per minibatch step of the real trainers on a synthetic batch, on the CPU (the
   learner's ``--learner_threads``, as the engine runs it) and on CUDA, for a state MLP (LIBERO-state sizes, PPO),
   the 128-px two-camera CNN (LIBERO rgb sizes, PPO) and the flow head (chunks of 4, FlowSAR).
+- ``offpolicy``: milliseconds per gradient step of SAC and TD3 (``OffPolicyTrainer.step``: a critic step, the
+  actor's, the targets' update) on minibatches of 256 from a filled replay, LIBERO-state sizes, 2 and 10 critics,
+  on the CPU (1 and 4 learner threads) and on CUDA: the step that bounds a replay run's env steps per second.
 - ``inference``: observations per second of ``ActorCritic.act`` per batch size, as an inference worker calls it
   (observations from CPU memory, actions back to it), on one CPU thread and on CUDA, float32 and bfloat16 (CNN).
 - ``publish``: the time from the learner's publish of new weights (``SharedWeights.publish``, from the learner's
@@ -51,7 +54,7 @@ from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.learning.group_batcher import GroupBatch
 from sfengine.models.actor_critic import ActorCritic
 
-SECTIONS = ("tests", "learner", "inference", "publish", "libero")
+SECTIONS = ("tests", "learner", "offpolicy", "inference", "publish", "libero")
 ACTION_DIM = 7
 STATE = ObsSpec({"obs": (128,)}, {"obs": torch.float32})  # LIBERO-Object state: proprio, objects, task
 RGB = ObsSpec(
@@ -171,6 +174,39 @@ def learner_rows() -> list[dict]:
                 }
             )
             print("learner:", json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def offpolicy_rows() -> list[dict]:
+    rows = []
+    actions = action_spec()
+    for algo in ("sac", "td3"):
+        for critics in (2, 10):
+            cfg = parse_config([f"--algo={algo}", "--env=Pendulum-v1", "--rollout=32", f"--num_critics={critics}"])
+            cfg.set("learning_starts", 0)
+            cfg.set("replay_ratio", 1 / 2048)  # the batch below fills the replay and takes one step
+            algorithm = algorithm_for(cfg)
+            batch = TrajectoryBuffers.allocate(64, 32, STATE, actions, shared=False, final_obs=True)
+            batch.obs["obs"].normal_()
+            batch.actions.uniform_(-1, 1)
+            batch.rewards.normal_()
+            batch.chunk_steps[:] = 1
+            for device, threads in [("cpu", 1), ("cpu", 4)] + [("cuda", 1)] * (devices() == ["cpu", "cuda"]):
+                set_cpu_threads(threads)
+                torch.manual_seed(0)
+                trainer = algorithm.trainer(algorithm.model(cfg, STATE, actions).to(device), cfg)
+                trainer.train(batch, 0, 0)
+                ms = median_ms(lambda trainer=trainer: trainer.step(), device, warmup=5, repeats=50, budget_s=3)
+                rows.append(
+                    {
+                        "algo": algo,
+                        "critics": critics,
+                        "device": device,
+                        "threads": threads if device == "cpu" else None,
+                        "ms_per_step": round(ms, 3),
+                    }
+                )
+                print("offpolicy:", json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -316,6 +352,17 @@ def markdown(results: dict) -> str:
                 f"| {r['model']} | {device} | {r['minibatch']} | {r['parameters']:,} | {r['ms_per_minibatch_step']} |"
             )
         lines.append("")
+    if "offpolicy" in sections:
+        lines += [
+            "| off-policy step | critics | device | ms a step | env steps/s at replay ratio 1 |",
+            "|---|---|---|---|---|",
+        ]
+        for r in sections["offpolicy"]:
+            device = f"{r['device']} ({r['threads']} threads)" if r["threads"] else r["device"]
+            lines.append(
+                f"| {r['algo']} | {r['critics']} | {device} | {r['ms_per_step']} | {1000 / r['ms_per_step']:.0f} |"
+            )
+        lines.append("")
     if "inference" in sections:
         lines += ["| inference | device | dtype | batch | ms per call | obs/s |", "|---|---|---|---|---|---|"]
         lines += [
@@ -377,6 +424,7 @@ def main() -> int:
     runners = {
         "tests": lambda: tests_row(args.out),
         "learner": learner_rows,
+        "offpolicy": offpolicy_rows,
         "inference": inference_rows,
         "publish": publish_rows,
         "libero": lambda: libero_rows(args),

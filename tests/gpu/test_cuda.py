@@ -1,9 +1,10 @@
 """The engine's CUDA paths, end to end as a user runs them: the learner and inference on the GPU, bf16 inference of
-the CNN, the flow head with FlowSAR, behaviour cloning, and checkpoints that move between the GPU and the CPU.
+the CNN, the flow head with FlowSAR, behaviour cloning, SAC and a residual TD3 over a base kept on the CPU, and
+checkpoints that move between the GPU and the CPU.
 
 Skipped where torch sees no CUDA device (CI's machine). ``python -m benchmarks.gpu`` runs them on a GPU machine
 together with its measurements; ``python -m pytest -m gpu`` runs them alone. Each threshold is the CPU test's
-(tests/learning/test_learning.py, test_flow_sar_engine.py, test_pretrain.py): moving to the GPU changes where the
+(tests/learning/test_learning.py, test_flow_sar_engine.py, test_pretrain.py, tests/algorithms): moving to the GPU changes where the
 arithmetic runs, not what is learned.
 """
 
@@ -98,3 +99,40 @@ def test_pretrain_on_cuda_clones_a_policy_that_evaluates_on_the_cpu(tmp_path, tr
     if head == "gaussian":
         success = eval_results(train_dir, "bc")["overall"]["success_rate"]
         assert success >= 0.8, success  # random: 0.27
+
+
+def test_sac_on_cuda_learns_sparse_reach_and_its_run_goes_on_on_the_cpu(train_dir):
+    # A user's own env with SAC's defaults: 0.9 success within 100k env steps (8-11k on the CPU). The critics, the
+    # actor and the temperature learn on the GPU from minibatches of the replay (kept in CPU memory); the run then
+    # resumes on the CPU with the networks, optimisers and temperature the GPU left (the replay refills).
+    args = ["--algo=sac", "--env=sparse_reach", "--device=cuda", "--stop_at_success=0.9"]
+    result = run_train(train_dir, "sac", *args, "--train_for_env_steps=100000")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "learner on cuda" in result.stdout
+    summary = read_summary(train_dir, "sac")
+    assert reached_target(summary, "stop_at_success=0.9"), summary
+    steps = summary["env_steps"] + 10_000
+    resumed = run_train(train_dir, "sac", "--device=cpu", f"--train_for_env_steps={steps}", "--stop_at_success=inf")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resum" in resumed.stdout.lower(), resumed.stdout[:2000]
+    after = read_summary(train_dir, "sac")
+    assert after["env_steps"] >= steps and after["success_rate"] >= 0.7, after  # the trained policy went on
+
+
+def test_a_residual_on_cuda_over_a_base_kept_on_the_cpu_corrects_a_weak_clone(tmp_path, train_dir):
+    # tests/algorithms/test_residual.py's run with the correction, its critics and the inference on the GPU and the
+    # frozen clone on the CPU (--residual_base_device): the same threshold, 0.9 within 16k env steps (the clone
+    # alone: about 0.4); the checkpoint evaluates on the CPU.
+    demos = tmp_path / "reach.hdf5"
+    write_demos(demos, scripted_demos(10, noise=0.3))
+    command = [sys.executable, "-m", "sfengine.pretrain", f"--demos={demos}", f"--train_dir={train_dir}"]
+    cloned = subprocess.run([*command, "--experiment=clone", "--pretrain_epochs=20"], capture_output=True, text=True)
+    assert cloned.returncode == 0, cloned.stderr[-2000:]
+    args = ["--env=sparse_reach", "--algo=td3", "--residual_over=clone", "--residual_scale=0.3", f"--demos={demos}"]
+    args += ["--device=cuda", "--residual_base_device=cpu", "--learning_starts=2000", "--critic_warmup_updates=500"]
+    result = run_train(train_dir, "residual", *args, "--train_for_env_steps=16000", "--stop_at_success=0.9")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert reached_target(read_summary(train_dir, "residual"), "stop_at_success=0.9"), result.stdout[-2000:]
+    evaluated = evaluate(f"--train_dir={train_dir}", "--experiment=residual", "--eval_episodes=20", "--num_workers=1")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert eval_results(train_dir, "residual")["overall"]["success_rate"] >= 0.8
