@@ -68,17 +68,12 @@ METHOD_OPTIONS = {
         # mixed outcomes pushed the clone away from its failures more than toward its successes.
         "--group_loss_weighting=episode",
     ],
-    # TD3's correction of at most 0.1 half-ranges over the clone's sampled action (ResFiT's recipe on this
-    # engine's defaults: 2 LayerNorm critics, 3-step returns, half of each minibatch from the demonstrations), the
-    # critics alone for the first 2,000 gradient steps, half a gradient step per env step.
+    # The engine's residual preset (configs/residual_td3.yaml: ResFiT's recipe on this engine's defaults, a
+    # correction of at most 0.1 half-ranges over the clone's sampled action, 2 LayerNorm critics, 3-step returns,
+    # half of each minibatch from the demonstrations, the critics alone for the first 2,000 gradient steps, half a
+    # gradient step per env step).
     "residual_td3": [
-        "--algo=td3",
-        "--residual_scale=0.1",
-        "--n_step=3",
-        "--replay_ratio=0.5",
-        "--learning_starts=5000",
-        "--critic_warmup_updates=2000",
-        "--learning_rate=1e-4",
+        "--cfg=residual_td3",
         # The published 300k row ran without the BC term; the engine's default with --demos is now 0.4, which
         # avoided the early dip and ended level with it at 300k (benchmarks/README.md).
         "--bc_weight=0",

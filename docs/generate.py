@@ -51,6 +51,7 @@ def configuration_page() -> str:
         "defaults < the env's own preset (or, on resume, the run's saved config) < `--cfg` < the command line.",
         "Options marked *auto* also take `auto`: chosen at start from the machine's cores and memory.",
         "",
+        *presets_section(),
     ]
     for group in [*GROUPS, *DECLARED_GROUPS]:
         options = {name: info for name, info in table.items() if info.group == group}
@@ -75,6 +76,31 @@ def configuration_page() -> str:
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return HEADER + "\n".join(lines)
+
+
+def presets_section() -> list[str]:
+    """The presets shipped in configs/: what each is for (its comment's first sentence) and what it sets."""
+    from sfengine.config.files import load_preset, shipped_presets
+
+    lines = [
+        "## Presets",
+        "",
+        "Shipped in `configs/`: give one with `--cfg=NAME`; those named after an env apply by themselves with",
+        "`--env=NAME`, under `--cfg` and the command line.",
+        "",
+        "| preset | what it is for | what it sets |",
+        "|---|---|---|",
+    ]
+    for path in sorted(shipped_presets().glob("*.yaml")):
+        comment = []
+        for line in path.read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            comment.append(line.lstrip("# ").strip())
+        purpose = " ".join(comment).split(". ")[0].rstrip(".")
+        values = ", ".join(f"`{name}: {value}`" for name, value in load_preset(str(path)).items())
+        lines.append(f"| `{path.stem}` | {purpose.replace('|', '/')} | {values} |")
+    return [*lines, ""]
 
 
 def connections(function) -> list[tuple[str, str, str, str]]:

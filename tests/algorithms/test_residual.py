@@ -153,10 +153,12 @@ RESIDUAL_REACH = ["--env=sparse_reach", "--algo=td3", "--residual_over=clone", "
 
 
 @pytest.mark.slow
-def test_td3s_correction_of_a_weak_clone_learns_sparse_reach(reach_clone, train_dir):
-    # The clone succeeds in about 0.4 of its episodes (sampled); its corrected policy reaches 0.9 within 16k steps.
-    args = [*RESIDUAL_REACH, f"--demos={reach_clone}", "--learning_starts=2000", "--critic_warmup_updates=500"]
-    args += ["--train_for_env_steps=16000", "--stop_at_success=0.9"]
+def test_td3s_correction_of_a_weak_clone_learns_sparse_reach_with_the_residual_preset(reach_clone, train_dir):
+    # The clone succeeds in about 0.4 of its episodes (sampled). Through the LIBERO recipe (--cfg=residual_td3: the
+    # critics alone until 9k env steps, then half a gradient step per env step), with a bound that fits this task,
+    # the corrected policy reaches 0.9 within 20k env steps (12.8k when measured).
+    args = ["--env=sparse_reach", "--cfg=residual_td3", "--residual_over=clone", "--residual_scale=0.3"]
+    args += [f"--demos={reach_clone}", "--train_for_env_steps=20000", "--stop_at_success=0.9"]
     result = run_train(train_dir, "residual", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "residual")
