@@ -57,6 +57,7 @@ from sfengine.learning.behavior_cloning import (
     train_epoch,
     validation_loss,
 )
+from sfengine.learning.trainer import adam
 from sfengine.reporting.progress import format_duration
 from sfengine.reporting.reporter import write_summary
 from sfengine.reporting.writer import TensorBoardWriter
@@ -174,7 +175,7 @@ def pretrain(
     )  # the running statistics the engine's model carries: the demonstrations'
     model.to(device)
     train, validation = train.to(device), validation.to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=options.pretrain_learning_rate, eps=cfg.learner.adam_eps)
+    optimizer = adam(model.parameters(), options.pretrain_learning_rate, cfg)
     generator = torch.Generator(device=device).manual_seed(cfg.env.seed)
     batch_size, epochs = options.pretrain_batch_size, options.pretrain_epochs
     head = cfg.model.policy_head
