@@ -21,26 +21,24 @@ checkpoints), reported on one line.
 
 from __future__ import annotations
 
+import sys
+
+from sfengine.config import check_command_line
+from sfengine.learning.pretrain_options import PretrainOptions, pretrain_parser
+
+if __name__ == "__main__":
+    # --help and a misspelt option are answered from the option names, before the engine and torch are imported.
+    check_command_line(sys.argv[1:], "sfengine.pretrain", pretrain_parser())
+
 import argparse
 import copy
 import math
-import sys
 import time
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from sfengine.config import (
-    Config,
-    ConfigError,
-    add_command_options,
-    build_parser,
-    command_options,
-    load_preset,
-    option,
-    parse_config,
-)
+from sfengine.config import Config, ConfigError, command_options, load_preset, parse_config
 from sfengine.demos.dataset import DemoSet
 from sfengine.demos.fit import IMAGE_SIZE_OPTION, OBS_MODE_OPTION, check_demos_fit, owns_obs_mode, read_demo_files
 from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
@@ -64,43 +62,6 @@ from sfengine.reporting.writer import TensorBoardWriter
 from sfengine.train import build_model, prepare_experiment_dir, probe_env
 
 LOSS_NAMES = {"gaussian": "negative log-likelihood", "flow": "flow-matching error"}
-
-
-@dataclass
-class PretrainOptions:
-    """sfengine.pretrain's own options (its group in --help)."""
-
-    group: ClassVar[str] = "pretrain"
-    pretrain_epochs: int = option(50, "passes over the training demonstrations")
-    pretrain_batch_size: int = option(256, "samples (steps) per optimiser step")
-    pretrain_learning_rate: float = option(3e-4, "Adam learning rate")
-    validation_fraction: float = option(
-        0.1, "share of the demonstrations (whole episodes) held out for the validation loss; 0: none"
-    )
-    keep_weights: str = option(
-        "best",
-        "the weights the checkpoint keeps: best (those of the epoch with the lowest validation loss: a clone of a "
-        "few demonstrations overfits long before the last epoch; the last without a validation set) or last",
-        ("best", "last"),
-    )
-    pretrain_patience: int = option(
-        0, "stop once the validation loss has not improved for this many epochs (0: run every epoch)"
-    )
-
-    def validate(self) -> None:
-        if self.pretrain_epochs < 1 or self.pretrain_batch_size < 1:
-            raise ConfigError("--pretrain_epochs and --pretrain_batch_size must be at least 1")
-        if self.pretrain_learning_rate <= 0:
-            raise ConfigError(f"--pretrain_learning_rate={self.pretrain_learning_rate} must be positive")
-        if not 0 <= self.validation_fraction < 1:
-            raise ConfigError(f"--validation_fraction={self.validation_fraction} must lie in [0, 1)")
-        if self.pretrain_patience < 0:
-            raise ConfigError(f"--pretrain_patience={self.pretrain_patience} must not be negative")
-        if self.validation_fraction == 0 and self.pretrain_patience:
-            raise ConfigError(
-                "--pretrain_patience stops on the validation loss, and --validation_fraction=0 leaves none: drop "
-                "one of them"
-            )
 
 
 def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
@@ -314,8 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     start_command()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser("python -m sfengine.pretrain", __doc__.split("\n\n")[0])
-        add_command_options(parser, PretrainOptions)
+        parser = pretrain_parser()
         options, rest = command_options(PretrainOptions, argv)
         given = given_options(parser, rest)
         if not given.get("demos"):

@@ -124,7 +124,13 @@ def test_cli_bad_input_exits_2_with_a_clear_message(train_dir, args, expected):
 
 
 @pytest.mark.parametrize(
-    "command, own_option", [("sfengine.train", "--replay_ratio"), ("sfengine.evaluate", "--video_per_task")]
+    "command, own_option",
+    [
+        ("sfengine.train", "--replay_ratio"),
+        ("sfengine.evaluate", "--video_per_task"),
+        ("sfengine.pretrain", "--keep_weights"),
+        ("sfengine.demos", "--demos_per_task"),
+    ],
 )
 def test_help_and_a_misspelt_option_are_answered_before_torch_is_imported(tmp_path, command, own_option):
     # Importing torch takes seconds: the built-in envs and algorithms register their parts by name, so reading the

@@ -29,20 +29,12 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 
-from sfengine.config import (
-    Config,
-    ConfigError,
-    add_command_options,
-    build_parser,
-    command_options,
-    option,
-    parse_config,
-)
+from sfengine.config import Config, ConfigError, command_options, parse_config
 from sfengine.demos.dataset import Demo, DemoWriter, read_demos
+from sfengine.demos.options import DemosOptions, demos_parser
 from sfengine.engine.event_loop import die_with_parent, print_stacks_on_sigusr1
 from sfengine.engine.lifecycle import StopSignals
 from sfengine.engine.sizing import Machine, resolve_auto_options
@@ -51,34 +43,8 @@ from sfengine.env.registry import env_context, env_demonstrator, env_sizer, reso
 from sfengine.env.spaces import obs_as_dict
 from sfengine.train import probe_env
 
-DEMOS_HELP = (
-    "Records the successful episodes of the env's scripted demonstrator as an HDF5 dataset (LIBERO's layout) for "
-    "sfengine.pretrain. Env options (--libero_obs_mode, ...) and --num_workers apply as in sfengine.train."
-)
 STOP_POLL_SEC = 0.1  # how often the recording looks for a SIGINT or SIGTERM while the pool works
 SINGLE_TASK_SEEDS = 1_000_000  # a single-task env's episode k of process p is seeded p * this + k
-
-
-@dataclass
-class DemosOptions:
-    group: ClassVar[str] = "demos"
-    demos_per_task: int = option(10, "successful demonstrations to record per task (per env if it has no tasks)")
-    demos_output: str = option("", "HDF5 file to write (default: <train_dir>/demos/<env>_<obs mode>.hdf5)")
-    demo_attempts_per_task: int = option(
-        0, "episodes a task may try (0: each of its init states once; single-task envs: 4x --demos_per_task)"
-    )
-    demo_action_noise: float = option(
-        0.0, "std of Gaussian noise added to every demonstrator action (executed and recorded), clipped to [-1, 1]"
-    )
-    demo_tasks: str = option("", "comma-separated task ids to record (default: all)")
-
-    def validate(self) -> None:
-        if self.demos_per_task < 1:
-            raise ConfigError(f"--demos_per_task={self.demos_per_task} must be at least 1")
-        if self.demo_attempts_per_task < 0:
-            raise ConfigError(f"--demo_attempts_per_task={self.demo_attempts_per_task} must be 0 (auto) or more")
-        if self.demo_action_noise < 0:
-            raise ConfigError(f"--demo_action_noise={self.demo_action_noise} must be 0 or more")
 
 
 @dataclass(frozen=True)
@@ -293,8 +259,7 @@ def write_report(path: Path, reports: list[TaskReport], options: DemosOptions, s
 def main(argv: list[str] | None = None) -> int:
     print_stacks_on_sigusr1()
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser("python -m sfengine.demos", DEMOS_HELP)
-    add_command_options(parser, DemosOptions)
+    parser = demos_parser()
     try:
         if any(a in ("-h", "--help") for a in argv):
             parser.parse_args(argv)
