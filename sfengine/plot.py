@@ -17,8 +17,6 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from sfengine.reporting.events import read_scalars
-
 # Row label -> TensorBoard tag, in the order the rows are drawn.
 METRICS = {
     "return (training episodes)": "episodes/episode_return_mean",
@@ -82,6 +80,9 @@ def plot_metrics(
 
 def run_series(experiment_dir: Path, label: str, color: str | None = None) -> dict[str, Series]:
     """A run's curves from its TensorBoard files, by metric row. Raises FileNotFoundError without any."""
+    # Imported here: tensorboardX's package imports torch (seconds), which --help does not need.
+    from sfengine.reporting.events import read_scalars
+
     curves = read_scalars(experiment_dir)
     if not curves:
         raise FileNotFoundError(f"no TensorBoard records in {experiment_dir / 'tensorboard'}")
