@@ -144,6 +144,34 @@ def test_the_agent_acts_uniformly_at_random_until_the_first_gradient_step(algo):
     assert fresh.acts_uniformly == 0
 
 
+def test_a_run_that_stops_before_its_first_gradient_step_says_so(caplog):
+    # A fresh run whose --learning_starts lies beyond its end; then one that does learn: no warning.
+    trainer = make_trainer(learning_starts=64, train_for_env_steps=48)
+    with caplog.at_level("WARNING", logger="sfengine.algorithms.offpolicy.trainer"):
+        trainer.train(batch(0), 0, 0)
+        trainer.train(batch(1), 0, 0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "no gradient step before the run stops: the replay holds 0 env steps, --learning_starts=64 must be in before "
+        "the first, and 48 env steps are left to --train_for_env_steps=48; raise --train_for_env_steps or lower "
+        "--learning_starts"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        make_trainer(learning_starts=64, train_for_env_steps=64).train(batch(0), 0, 0)
+    assert not caplog.records
+    # Resumed near its end without --save_replay: the replay is refilled from empty.
+    state = copy.deepcopy(make_trainer(learning_starts=64).state_dict())
+    state["env_steps_seen"] = 1000
+    resumed = make_trainer(learning_starts=64, train_for_env_steps=1050)
+    resumed.load_state_dict(state)
+    with caplog.at_level("WARNING"):
+        resumed.train(batch(0), 0, 0)
+    assert (
+        "(a resumed run refills it unless --save_replay kept it)" in caplog.text
+        and "50 env steps are left" in caplog.text
+    )
+
+
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_a_resumed_trainer_goes_on_with_the_same_critics_targets_optimisers_and_temperature(algo):
     trainer = make_trainer(algo, save_replay=True, actor_delay=2)

@@ -165,7 +165,9 @@ def test_a_resume_that_does_not_fit_its_checkpoint_is_refused_and_the_run_still_
 @pytest.mark.slow
 def test_a_sac_run_resumed_with_other_critics_or_another_algorithm_is_refused_before_it_starts(train_dir):
     args = ["--algo=sac", "--env=Pendulum-v1", "--num_workers=1", "--num_envs_per_worker=2", "--learning_starts=10000"]
-    assert run_train(train_dir, "critics", *args, "--train_for_env_steps=512").returncode == 0
+    first = run_train(train_dir, "critics", *args, "--train_for_env_steps=512")
+    assert first.returncode == 0
+    assert "no gradient step before the run stops" in first.stderr  # (the replay stays below --learning_starts)
     saved = (train_dir / "critics" / "config.json").read_text()
     longer = "--train_for_env_steps=1024"
     result = run_train(train_dir, "critics", *args, "--num_critics=3", longer)

@@ -16,6 +16,7 @@ clipped, skipped when not finite); the critics get the same treatment with their
 from __future__ import annotations
 
 import copy
+import logging
 import math
 
 import torch
@@ -30,6 +31,8 @@ from sfengine.engine.buffers import TrajectoryBuffers
 from sfengine.engine.distributed import LearnerGroup
 from sfengine.learning.trainer import Trainer, adam, load_optimizer_state
 from sfengine.models.actor_critic import ActorCritic
+
+log = logging.getLogger(__name__)
 
 ACTOR_STATS = ("actor_loss", "entropy", "grad_norm", "residual_size", "residual_to_base", "bc_distance")
 
@@ -62,6 +65,7 @@ class OffPolicyTrainer(Trainer):
         self.env_steps_seen = 0
         self.learning_from = -1  # env_steps_seen when the first gradient step was owed (-1: not yet)
         self.target_stats: dict[str, float] = {}  # what target_value reports of the step it is part of
+        self.start_checked = False
 
     # ---------------------------------------------------------------- what a subclass writes
 
@@ -86,6 +90,10 @@ class OffPolicyTrainer(Trainer):
     # ---------------------------------------------------------------- one round: a batch of new data
 
     def train(self, batch: TrajectoryBuffers, learner_version: int, env_steps: int) -> dict[str, float]:
+        if not self.start_checked:
+            self.start_checked = True
+            if (warning := self.no_learning_warning()) and self.group.ranks.rank == 0:
+                log.warning(warning)
         if self.demos is not None and self.env_steps_seen == 0:
             # The demonstrations' observations count in the input statistics from the start (once: not on resume).
             rows, t = self.demos.starts // self.demos.horizon, self.demos.starts % self.demos.horizon
@@ -126,6 +134,23 @@ class OffPolicyTrainer(Trainer):
         # up to the fraction carried to the next batch).
         achieved = self.critic_steps * world / max(1, self.env_steps_seen - self.learning_from)
         return stats | self.round_stats() | {"gradient_steps": float(steps), "replay_ratio_achieved": achieved}
+
+    def no_learning_warning(self) -> str | None:
+        """Why this run will stop before its first gradient step, if it will: its replay (empty at the start and
+        after a resume without --save_replay) cannot reach --learning_starts within --train_for_env_steps."""
+        world = self.group.ranks.world_size
+        missing = (self.options.learning_starts - self.replay.inserted_steps) * world
+        left = self.cfg.run.train_for_env_steps - self.env_steps_seen
+        if missing <= 0 or missing <= left:  # (a run may stop just after the batch that reaches it: no warning)
+            return None
+        held = f"holds {self.replay.inserted_steps} env steps"
+        if self.env_steps_seen:
+            held += " (a resumed run refills it unless --save_replay kept it)"
+        return (
+            f"no gradient step before the run stops: the replay {held}, --learning_starts={self.options.learning_starts} "
+            f"must be in before the first, and {max(left, 0)} env steps are left to --train_for_env_steps="
+            f"{self.cfg.run.train_for_env_steps}; raise --train_for_env_steps or lower --learning_starts"
+        )
 
     def agreed_counts(self, new_steps: int) -> tuple[int, int]:
         """This round's new env steps and the env steps the replays hold, both summed over the ranks. Every rank
