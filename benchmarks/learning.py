@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import statistics
 import subprocess
@@ -133,6 +134,7 @@ def aggregate(out_dir: Path, envs: list[str], algo: str = "ppo") -> dict:
             returns = [r["final_return"] for r in system_runs]
             rows[system] = {
                 "seeds": [r["seed"] for r in system_runs],
+                "returns": returns,
                 "return_mean": statistics.fmean(returns),
                 "return_std": statistics.pstdev(returns),
                 "wall_sec_mean": statistics.fmean(r["wall_sec"] for r in system_runs),
@@ -160,6 +162,8 @@ def targets(env: str, rows: dict[str, dict], algo: str = "ppo") -> dict:
         result["return_at_least_cleanrl_published"] = ours["return_mean"] >= CLEANRL_PUBLISHED[env][0]
     if peers:
         result["return_at_least_best_peer"] = ours["return_mean"] >= max(r["return_mean"] for r in peers.values())
+        for name, row in sorted(peers.items()):
+            result[f"return_vs_{name}"] = return_gap(ours, row)
         fastest = min(r["wall_sec_mean"] for r in peers.values())
         result["speedup_over_fastest_peer"] = round(fastest / ours["wall_sec_mean"], 2)
         bar = TIME_BARS[algo]
@@ -168,6 +172,22 @@ def targets(env: str, rows: dict[str, dict], algo: str = "ppo") -> dict:
         if ours["cpu_sec_mean"] is not None and None not in cpu:
             result["cpu_time_ratio_to_leanest_peer"] = round(ours["cpu_sec_mean"] / min(cpu), 2)
     return result
+
+
+def return_gap(ours: dict, peer: dict) -> dict:
+    """How far sfengine's mean final return is from a peer's, and how well the seeds resolve it: Welch's t of the
+    gap, and the seeds a side that would make a gap of this size and spread read t = 2 (about a 95% two-sided
+    test). Needs 2 seeds a side; rows saved before their returns were kept give the gap alone."""
+    gap = ours["return_mean"] - peer["return_mean"]
+    result = {"gap": round(gap, 1)}
+    if min(len(ours.get("returns", [])), len(peer.get("returns", []))) < 2:
+        return result
+    squared_error = sum(statistics.variance(row["returns"]) / len(row["returns"]) for row in (ours, peer))
+    if squared_error == 0 or gap == 0:
+        return result
+    t = gap / math.sqrt(squared_error)
+    seeds = max(len(ours["returns"]), len(peer["returns"]))
+    return result | {"welch_t": round(t, 2), "seeds_a_side_for_t_2": math.ceil(seeds * (2 / t) ** 2)}
 
 
 def markdown(table: dict, algo: str = "ppo") -> str:
@@ -189,8 +209,19 @@ def markdown(table: dict, algo: str = "ppo") -> str:
     lines.append("")
     for env, entry in table.items():
         if entry["targets"]:
-            lines.append(f"- {env}: " + ", ".join(f"{name} = {value}" for name, value in entry["targets"].items()))
+            lines.append(
+                f"- {env}: " + ", ".join(target_words(name, value) for name, value in entry["targets"].items())
+            )
     return "\n".join(lines) + "\n"
+
+
+def target_words(name: str, value) -> str:
+    if not isinstance(value, dict):
+        return f"{name} = {value}"
+    words = f"{name}: gap {value['gap']:+,.0f}"
+    if "welch_t" in value:
+        words += f" (Welch's t {value['welch_t']}; t = 2 needs {value['seeds_a_side_for_t_2']:,} seeds a side)"
+    return words
 
 
 def plot(out_dir: Path, env: str, algo: str = "ppo") -> Path | None:
