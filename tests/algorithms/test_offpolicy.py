@@ -144,7 +144,7 @@ def test_the_agent_acts_uniformly_at_random_until_the_first_gradient_step(algo):
     assert fresh.acts_uniformly == 0
 
 
-def test_a_run_that_stops_before_its_first_gradient_step_says_so(caplog):
+def test_a_run_that_stops_before_it_learns_says_why(caplog):
     # A fresh run whose --learning_starts lies beyond its end; then one that does learn: no warning.
     trainer = make_trainer(learning_starts=64, train_for_env_steps=48)
     with caplog.at_level("WARNING", logger="sfengine.algorithms.offpolicy.trainer"):
@@ -170,6 +170,23 @@ def test_a_run_that_stops_before_its_first_gradient_step_says_so(caplog):
         "(a resumed run refills it unless --save_replay kept it)" in caplog.text
         and "50 env steps are left" in caplog.text
     )
+    # Learning starts, but the critics' warm-up takes every gradient step left: 0.5 x (100 - 64) = 18 <= 20.
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        make_trainer(learning_starts=64, train_for_env_steps=100, replay_ratio=0.5, critic_warmup_updates=20).train(
+            batch(0), 0, 0
+        )
+    assert caplog.records[0].getMessage() == (
+        "the actor will not move before the run stops: --critic_warmup_updates=20 gradient steps train the critics "
+        "alone first, and the run takes about 18 in all by --train_for_env_steps=100 (--replay_ratio=0.5); raise "
+        "--train_for_env_steps or lower --critic_warmup_updates"
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        make_trainer(learning_starts=64, train_for_env_steps=106, replay_ratio=0.5, critic_warmup_updates=20).train(
+            batch(0), 0, 0
+        )
+    assert not caplog.records  # 21 steps: the actor takes one
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])

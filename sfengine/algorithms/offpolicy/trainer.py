@@ -136,21 +136,32 @@ class OffPolicyTrainer(Trainer):
         return stats | self.round_stats() | {"gradient_steps": float(steps), "replay_ratio_achieved": achieved}
 
     def no_learning_warning(self) -> str | None:
-        """Why this run will stop before its first gradient step, if it will: its replay (empty at the start and
-        after a resume without --save_replay) cannot reach --learning_starts within --train_for_env_steps."""
-        world = self.group.ranks.world_size
-        missing = (self.options.learning_starts - self.replay.inserted_steps) * world
+        """Why this run will stop before it learns, if it will: before its first gradient step (its replay, empty
+        at the start and after a resume without --save_replay, cannot reach --learning_starts within
+        --train_for_env_steps), or before the actor's first (--critic_warmup_updates takes every step left)."""
+        options, world = self.options, self.group.ranks.world_size
+        missing = max(options.learning_starts - self.replay.inserted_steps, 0) * world
         left = self.cfg.run.train_for_env_steps - self.env_steps_seen
-        if missing <= 0 or missing <= left:  # (a run may stop just after the batch that reaches it: no warning)
-            return None
-        held = f"holds {self.replay.inserted_steps} env steps"
-        if self.env_steps_seen:
-            held += " (a resumed run refills it unless --save_replay kept it)"
-        return (
-            f"no gradient step before the run stops: the replay {held}, --learning_starts={self.options.learning_starts} "
-            f"must be in before the first, and {max(left, 0)} env steps are left to --train_for_env_steps="
-            f"{self.cfg.run.train_for_env_steps}; raise --train_for_env_steps or lower --learning_starts"
-        )
+        stop = f"--train_for_env_steps={self.cfg.run.train_for_env_steps}"
+        if missing > max(left, 0):  # (a run may stop just after the batch that reaches it: no warning then)
+            held = f"holds {self.replay.inserted_steps} env steps"
+            if self.env_steps_seen:
+                held += " (a resumed run refills it unless --save_replay kept it)"
+            return (
+                f"no gradient step before the run stops: the replay {held}, --learning_starts={options.learning_starts} "
+                f"must be in before the first, and {max(left, 0)} env steps are left to {stop}; raise "
+                "--train_for_env_steps or lower --learning_starts"
+            )
+        # This rank's gradient steps by the end: --replay_ratio of the env steps after --learning_starts, over the ranks.
+        steps = self.critic_steps + int(options.replay_ratio * max(left - missing, 0) / world)
+        if options.critic_warmup_updates and steps <= options.critic_warmup_updates:
+            return (
+                f"the actor will not move before the run stops: --critic_warmup_updates={options.critic_warmup_updates}"
+                f" gradient steps train the critics alone first, and the run takes about {steps} in all by {stop} "
+                f"(--replay_ratio={options.replay_ratio:g}); raise --train_for_env_steps or lower "
+                "--critic_warmup_updates"
+            )
+        return None
 
     def agreed_counts(self, new_steps: int) -> tuple[int, int]:
         """This round's new env steps and the env steps the replays hold, both summed over the ranks. Every rank
