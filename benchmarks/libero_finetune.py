@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import shutil
@@ -38,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from sfengine.evaluate import SAMPLED_SUFFIX
+from sfengine.evaluation.compare import SAMPLED_SUFFIX, paired_test
 from sfengine.reporting.events import read_scalars
 
 RESULTS = Path(__file__).parent / "results" / "libero_finetune"
@@ -153,25 +152,6 @@ def curve(experiment_dir: Path) -> tuple[list[int], list[float], list[float]]:
     points = read_scalars(experiment_dir).get(SUCCESS_TAG, [])
     start = points[0].wall_time if points else 0.0
     return [p.step for p in points], [p.value for p in points], [round(p.wall_time - start, 1) for p in points]
-
-
-def mcnemar(before: dict, after: dict) -> dict:
-    """The paired (exact, two-sided) McNemar test of two evaluations on the same (task, init state) pairs: the
-    k-th episode of a pair after against the (k mod n)-th of the n episodes of that pair before."""
-    outcomes: dict[tuple[int, int], list[bool]] = {}
-    for episode in before["episodes"]:
-        outcomes.setdefault((episode["task_index"], episode["init_state"]), []).append(episode["success"])
-    seen: dict[tuple[int, int], int] = {}
-    gained = lost = 0
-    for episode in after["episodes"]:
-        key = (episode["task_index"], episode["init_state"])
-        k = seen[key] = seen.get(key, -1) + 1
-        was = outcomes[key][k % len(outcomes[key])]
-        gained += episode["success"] and not was
-        lost += was and not episode["success"]
-    n = gained + lost
-    tail = sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2**n if n else 1.0
-    return {"gained": gained, "lost": lost, "p_value": min(1.0, 2 * tail)}
 
 
 def per_task(results: dict) -> dict[str, float]:
@@ -331,7 +311,7 @@ def main() -> None:
         row["before"] = both[row["before_mode"]]
         # A residual policy acts as the base's action plus its correction's mean; the others as --eval_mode.
         row["after"] = evaluate(args, train_dir, f"finetune_{method}", "mode" if method in RESIDUAL else args.eval_mode)
-        row["mcnemar"] = mcnemar(row["before"], row["after"])
+        row["mcnemar"] = paired_test(row["before"], row["after"])
         row["replay_ratio_achieved"] = last_scalar(train_dir / f"finetune_{method}", "train/replay_ratio_achieved")
         methods[method] = row
     demo_report = json.loads(demos.with_suffix(".json").read_text())

@@ -3,6 +3,7 @@
     python -m sfengine.evaluate --experiment=spatial                   # latest checkpoint, every (task, init) once
     python -m sfengine.evaluate --checkpoint=PATH --env=libero_object --video_per_task=2
     torchrun --nproc_per_node=2 -m sfengine.evaluate --experiment=spatial
+    python -m sfengine.evaluate --experiment=spatial_rl --compare_to=spatial  # McNemar's test against its evaluation
 
 The checkpoint's policy acts through the engine's own rollout and inference workers (``sfengine.evaluation``),
 with the distribution's mode unless ``--eval_deterministic=false``. The run's saved ``config.json`` supplies the
@@ -54,6 +55,7 @@ from sfengine.engine.messages import EpisodeStats
 from sfengine.engine.sizing import Machine, resolve_auto_options
 from sfengine.env.multitask import TaskInfo
 from sfengine.env.registry import EnvFactory, env_context, env_sizer, resolve_env_factory
+from sfengine.evaluation.compare import SAMPLED_SUFFIX, comparison_line, find_results, paired_test
 from sfengine.evaluation.episode_queue import evaluated_init_states, evaluation_episodes
 from sfengine.evaluation.evaluator import run_evaluation
 from sfengine.evaluation.report import EvalReport
@@ -62,7 +64,6 @@ from sfengine.models.actor_critic import ActorCritic
 from sfengine.numpy_backend.policy import choose_inference_backend
 from sfengine.train import probe_env
 
-SAMPLED_SUFFIX = "_sampled"  # the results folder of an evaluation with --eval_deterministic=false
 GATHER_TIMEOUT = datetime.timedelta(hours=12)  # ranks finish their shards at different times
 
 
@@ -177,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         model, state = load_policy(cfg, checkpoint, obs_spec, action_spec)
         choose_inference_backend(cfg, model)
         pairs = evaluated_init_states(tasks, options.eval_tasks, options.eval_init_states) if tasks else None
+        if options.compare_to and ranks.rank == 0:
+            baseline = find_results(options.compare_to, cfg.run.train_dir, cfg.eval.eval_deterministic, cfg.env.env)
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"sfengine.evaluate: error: {exc}", file=sys.stderr)
         return 2
@@ -243,8 +246,15 @@ def main(argv: list[str] | None = None) -> int:
         "world_size": ranks.world_size,
         "wall_sec": round(wall, 2),
     }
+    comparison = None
+    if options.compare_to:
+        test = paired_test(baseline[1], {"episodes": report.rows()})
+        settings["compared_to"] = {"results": str(baseline[0]), **test}
+        comparison = comparison_line(baseline[0], test)
     report.write(out_dir, settings)
     print(f"\n{report.markdown()}\n", flush=True)
+    if comparison:
+        print(comparison, flush=True)
     overall = report.overall
     rate = f"success {overall.success_rate:.3f}, " if overall.success_rate is not None else ""
     print(

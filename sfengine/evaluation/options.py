@@ -29,6 +29,11 @@ class EvaluateOptions:
     eval_init_states: int = option(0, "multi-task envs: evaluate only each task's first N init states (0: all)")
     video_per_task: int = option(0, "record this many episodes of each task as mp4")
     video_size: int = option(256, "width and height of recorded videos in pixels (even)")
+    compare_to: str = option(
+        "",
+        "another evaluation of the same pairs to test this one against (McNemar's paired test): an experiment "
+        "(its latest evaluation with the same kind of actions), or a results.json or its folder",
+    )
 
     def validate(self) -> None:
         if self.episodes_per_init < 1:

@@ -123,16 +123,20 @@ class EvalReport:
             **settings,
             "overall": self.overall.as_dict(),
             "tasks": [group.as_dict() for group in self.tasks],
-            "episodes": [self._row(e) for e in self.episodes],
+            "episodes": self.rows(),
         }
         write_atomic(directory / "results.json", json_text(data))
         tmp = directory / ".results.csv.tmp"
         with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=["task", "task_index", "init_state", "success", "return", "length"])
             writer.writeheader()
-            writer.writerows(self._row(e) for e in self.episodes)
+            writer.writerows(self.rows())
         os.replace(tmp, directory / "results.csv")
         write_atomic(directory / "results.md", self.markdown() + "\n")
+
+    def rows(self) -> list[dict]:
+        """One dict per episode, as results.json and results.csv hold them."""
+        return [self._row(e) for e in self.episodes]
 
     def _row(self, episode: EpisodeStats) -> dict:
         return {

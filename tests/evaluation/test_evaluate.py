@@ -149,9 +149,26 @@ def test_sampled_actions_are_evaluated_into_a_folder_of_their_own_beside_the_mod
     assert mode.returncode == 0, mode.stderr[-3000:]
     (mode_dir,) = (toy_run / "toy" / "eval").iterdir()
     mode_results = (mode_dir / "results.json").read_text()
-    sampled = evaluate(*args, "--eval_deterministic=false")
+    # Tested against the mode's evaluation of the same pairs (--compare_to, its folder).
+    sampled = evaluate(*args, "--eval_deterministic=false", f"--compare_to={mode_dir}")
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     sampled_dir = mode_dir.with_name(mode_dir.name + "_sampled")
+    by_pair = [
+        {
+            (e["task_index"], e["init_state"]): e["success"]
+            for e in json.loads((d / "results.json").read_text())["episodes"]
+        }
+        for d in (mode_dir, sampled_dir)
+    ]
+    gained = sum(now and not by_pair[0][pair] for pair, now in by_pair[1].items())
+    lost = sum(by_pair[0][pair] and not now for pair, now in by_pair[1].items())
+    compared = json.loads((sampled_dir / "results.json").read_text())["compared_to"]
+    assert (compared["results"], compared["pairs"]) == (str(mode_dir / "results.json"), len(ALL_PAIRS))
+    assert (compared["gained"], compared["lost"]) == (gained, lost)
+    assert (
+        f"over the same {len(ALL_PAIRS)} pairs" in sampled.stdout
+        and f"({gained} gained, {lost} lost)" in sampled.stdout
+    )
     assert sorted((toy_run / "toy" / "eval").iterdir()) == [mode_dir, sampled_dir]
     assert (mode_dir / "results.json").read_text() == mode_results  # the mode's figures are still there
     assert json.loads((sampled_dir / "results.json").read_text())["deterministic"] is False
@@ -182,6 +199,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(toy_run, tmp_path):
         "space mismatch": ([f"--train_dir={toy_run}", "--experiment=toy", "--env=CartPole-v1"], "does not fit"),
         "no renderer": ([f"--train_dir={toy_run}", "--experiment=toy", "--video_per_task=1"], "cannot render"),
         "missing file": ([f"--checkpoint={tmp_path / 'nope.pt'}"], "no such file"),
+        "nothing to compare": ([f"--train_dir={toy_run}", "--experiment=toy", "--compare_to=nosuch"], "--compare_to"),
     }
     files_before = sorted(toy_run.rglob("*"))
     for name, (args, message) in cases.items():
