@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         model, state = load_policy(cfg, checkpoint, obs_spec, action_spec)
         choose_inference_backend(cfg, model)
         pairs = evaluated_init_states(tasks, options.eval_tasks, options.eval_init_states) if tasks else None
-        if options.compare_to and ranks.rank == 0:
+        if options.compare_to:  # every rank: one that refused alone would leave the others waiting for it
             baseline = find_results(options.compare_to, cfg.run.train_dir, cfg.eval.eval_deterministic, cfg.env.env)
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"sfengine.evaluate: error: {exc}", file=sys.stderr)
