@@ -21,8 +21,9 @@ when it exists (``--rerun_peers`` to run it again): peers take 15-60 minutes a r
 always run. The tables and plots are made from every file present: ``<out>/summary.json``, ``<out>/summary.md``,
 and ``<out>/<env>.png`` (mean return of the last 100 episodes against env steps and against wall-clock time).
 The summary gives sfengine's gap to each peer's mean return and, with 2 seeds a side or more, Welch's t of it and
-the seeds a side that would make a gap of that size and spread significant (t = 2). Each run also records the CPU seconds its process tree took (``cpu_sec``): where runs shared the machine or ran
-with different thread counts, their wall times are not comparable and their CPU times are.
+the seeds a side that would make a gap of that size and spread significant (t = 2). Each run also records the
+CPU seconds its process tree took (``cpu_sec``): where runs shared the machine or ran with different thread
+counts, their wall times are not comparable and their CPU times are.
 """
 
 from __future__ import annotations

@@ -119,18 +119,19 @@ class EvalReport:
     def write(self, directory: Path, settings: dict) -> None:
         """results.json, results.csv and results.md in ``directory``, each written whole or not at all."""
         directory.mkdir(parents=True, exist_ok=True)
+        rows = self.rows()
         data = {
             **settings,
             "overall": self.overall.as_dict(),
             "tasks": [group.as_dict() for group in self.tasks],
-            "episodes": self.rows(),
+            "episodes": rows,
         }
         write_atomic(directory / "results.json", json_text(data))
         tmp = directory / ".results.csv.tmp"
         with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=["task", "task_index", "init_state", "success", "return", "length"])
             writer.writeheader()
-            writer.writerows(self.rows())
+            writer.writerows(rows)
         os.replace(tmp, directory / "results.csv")
         write_atomic(directory / "results.md", self.markdown() + "\n")
 

@@ -148,11 +148,12 @@ class OffPolicyTrainer(Trainer):
             if self.env_steps_seen:
                 held += " (a resumed run refills it unless --save_replay kept it)"
             return (
-                f"no gradient step before the run stops: the replay {held}, --learning_starts={options.learning_starts} "
-                f"must be in before the first, and {max(left, 0)} env steps are left to {stop}; raise "
+                f"no gradient step before the run stops: the replay {held}, "
+                f"--learning_starts={options.learning_starts} must be in before the first, and {max(left, 0)} env steps are left to {stop}; raise "
                 "--train_for_env_steps or lower --learning_starts"
             )
-        # This rank's gradient steps by the end: --replay_ratio of the env steps after --learning_starts, over the ranks.
+        # This rank's gradient steps by the end: --replay_ratio of the env steps after --learning_starts, shared
+        # by the ranks.
         steps = self.critic_steps + int(options.replay_ratio * max(left - missing, 0) / world)
         if options.critic_warmup_updates and steps <= options.critic_warmup_updates:
             return (
