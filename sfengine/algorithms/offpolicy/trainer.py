@@ -149,7 +149,8 @@ class OffPolicyTrainer(Trainer):
                 held += " (a resumed run refills it unless --save_replay kept it)"
             return (
                 f"no gradient step before the run stops: the replay {held}, "
-                f"--learning_starts={options.learning_starts} must be in before the first, and {max(left, 0)} env steps are left to {stop}; raise "
+                f"--learning_starts={options.learning_starts} must be in before the first, and {max(left, 0)} env "
+                f"steps are left to {stop}; raise "
                 "--train_for_env_steps or lower --learning_starts"
             )
         # This rank's gradient steps by the end: --replay_ratio of the env steps after --learning_starts, shared
