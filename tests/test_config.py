@@ -353,3 +353,10 @@ def test_a_train_dir_that_cannot_hold_the_run_is_one_line_and_leaves_nothing(tmp
         assert f"--train_dir={train_dir}: cannot write the run's files in {train_dir / 'e'} (" in err and reason in err
         assert "give a directory you can write to, on a disk with room" in err
     assert not (locked / "e").exists() and not list(tmp_path.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("name", ["hang_timeout_sec", "startup_timeout_sec", "respawn_window_sec"])
+def test_the_watch_timeouts_must_be_non_negative(name):
+    with pytest.raises(ConfigError, match=f"--{name}=-1.0 must not be negative"):
+        parse_config([f"--{name}=-1"])
+    assert getattr(parse_config([f"--{name}=0"]).run, name) == 0  # 0: that watch is off

@@ -181,6 +181,11 @@ class RunConfig:
     hang_timeout_sec: float = option(
         120.0, "a rollout or inference worker silent this long is hung: print its stack and respawn it (0: off)"
     )
+    startup_timeout_sec: float = option(
+        600.0,
+        "a rollout or inference worker still in its start-up (building its envs or model) this long, or 3x the "
+        "longest start-up so far if longer, is hung: print its stack and respawn it (0: off)",
+    )
     max_respawns: int = option(
         3,
         "respawns of one rollout or inference worker allowed within --respawn_window_sec; one more stops the run "

@@ -94,6 +94,7 @@ def validate(cfg: Config) -> None:
         "save_every_sec",
         "report_every_sec",
         "hang_timeout_sec",
+        "startup_timeout_sec",
         "max_respawns",
         "respawn_window_sec",
     ):
@@ -121,8 +122,9 @@ def validate(cfg: Config) -> None:
 
 
 def check_group_layout(cfg: Config) -> None:
-    """Group batches (critic-free advantages, FlowSAR): a training batch holds whole groups, so one group of episodes at their step limit
-    (``--max_episode_steps``, filled in from the env when 0) must fit in it. Checked once the env is known."""
+    """Group batches (critic-free advantages, FlowSAR): a training batch holds whole groups, so one group of
+    episodes at their step limit (``--max_episode_steps``, filled in from the env when 0) must fit in it. Checked
+    once the env is known."""
     from sfengine.algorithms import algorithm_for
 
     algorithm = algorithm_for(cfg)

@@ -1,5 +1,6 @@
 """Hung components: a rollout or inference worker that stops reporting, or a learner stuck inside one update or
-save, is named and its stack printed; a worker is then respawned (sfengine.engine.respawn), a stuck learner ends the run.
+save, is named and its stack printed; a worker is then respawned (sfengine.engine.respawn), a stuck learner ends
+the run.
 
 Every rollout and inference worker reports once a second from its event loop. One stuck inside a slot (an env
 whose ``step`` never returns, a simulator deadlock, a blocked device call) stops reporting, and without a watch
@@ -10,11 +11,14 @@ the run would sit there, every other component waiting on it, forever. The runne
                                                                     exit code 1 past --max_respawns)
 
 A rollout worker writes, in shared memory, which env it is stepping and each env's (task, init state), so the
-error names the env even though the hung process can no longer say anything itself. Start-up is not watched
-(building LIBERO simulators can take minutes): a worker is watched from its first report, which it sends as
-soon as its start-up is over. While the run stops, a worker found hung is ended rather than respawned: training is
-over. One worker frozen inside a queue operation silences others (the reader of the inbox it keeps locked): the
-runner names the frozen one, not those waiting for it (``Supervision._culprit``).
+error names the env even though the hung process can no longer say anything itself. A worker is watched for
+silence from its first report, which it sends as soon as its start-up is over; its start-up (building LIBERO
+simulators or a large model can take minutes) has a timeout of its own, ``--startup_timeout_sec`` or
+``STARTUP_TIMEOUT_FACTOR`` times the longest start-up so far, whichever is longer (``startup_hung``): a worker
+whose env never finishes building, at the run's start or after a respawn, is named and respawned like a silent
+one. While the run stops, a worker found hung is ended rather than respawned: training is over. One worker frozen
+inside a queue operation silences others (the reader of the inbox it keeps locked): the runner names the frozen
+one, not those waiting for it (``Supervision._culprit``).
 
 The learner is silent whenever no batch is ready (a slow env), so silence says nothing about it: it marks in shared
 memory when each update or save begins and ends (``SharedBuffers.learner_clock``), and it is hung when one lasts
@@ -25,16 +29,21 @@ it wrote.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from torch import Tensor
 
 from sfengine.config import Config
 from sfengine.engine.buffers import NO_ENV, SplitState
+from sfengine.engine.event_loop import EngineProcess
 
+WATCHED_WORKERS = ("rollout_worker_", "inference_worker_")
 LEARNER_TIMEOUT_FACTOR = 10  # a learner update or save is hung after this many times its longest so far
 # While a run stops, a worker counts as hung only once silent this long (and --hang_timeout_sec).
 STOPPING_SILENCE_SEC = 10.0
+# A worker's start-up is hung after this many times the longest start-up so far (a respawned worker builds what the
+# first ones built; a loaded machine makes it slower, not tenfold).
+STARTUP_TIMEOUT_FACTOR = 3
 
 
 class HangWatch:
@@ -45,17 +54,43 @@ class HangWatch:
         task_names: list[str] | None = None,
         learner_clock: Tensor | None = None,
     ):
-        self.timeout = cfg.run.hang_timeout_sec
+        self.timeout, self.startup_timeout = cfg.run.hang_timeout_sec, cfg.run.startup_timeout_sec
         self.splits, self.task_names, self.learner_clock = splits, task_names, learner_clock
         self.num_splits = cfg.sampler.worker_num_splits
         self.last_heard: dict[str, float] = {}
+        self.up_since: dict[str, float] = {}  # worker -> its first report since its latest start: start-up over
+        self.longest_startup = 0.0
 
     def heard_from(self, component: str) -> None:
         self.last_heard[component] = time.monotonic()
+        self.up_since.setdefault(component, self.last_heard[component])
 
     def forget(self, component: str) -> None:
         """A respawned component is watched again from its first report, as at the start."""
         self.last_heard.pop(component, None)
+        self.up_since.pop(component, None)
+
+    def startup_hung(self, processes: Sequence[EngineProcess]) -> tuple[str, str] | None:
+        """A running rollout or inference worker of ``processes`` not yet heard from since its latest start, for
+        longer than the start-up timeout (``--startup_timeout_sec`` or ``STARTUP_TIMEOUT_FACTOR`` times the longest
+        start-up so far, whichever is longer): (its name, what it is stuck in), or None."""
+        if not self.startup_timeout:
+            return None
+        workers = {p.name.removesuffix("_process"): p for p in processes if p.name.startswith(WATCHED_WORKERS)}
+        for name, process in workers.items():
+            if name in self.up_since:
+                self.longest_startup = max(self.longest_startup, self.up_since[name] - process.started_at)
+        timeout = max(self.startup_timeout, STARTUP_TIMEOUT_FACTOR * self.longest_startup)
+        now = time.monotonic()
+        for name, process in workers.items():
+            starting = now - process.started_at
+            if name not in self.up_since and starting > timeout and process.is_alive():
+                return name, (
+                    f"{name} is still in its start-up after {starting:.1f} s, over its timeout of {timeout:.1f} s "
+                    f"(the longer of --startup_timeout_sec and {STARTUP_TIMEOUT_FACTOR}x the longest start-up so "
+                    f"far, {self.longest_startup:.1f} s)"
+                )
+        return None
 
     def hung(self, among: Collection[str] | None = None, stopping: bool = False) -> str | None:
         """The watched component (of ``among``, if given) silent the longest, if longer than the timeout, or None."""

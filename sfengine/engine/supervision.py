@@ -16,6 +16,7 @@ import time
 
 from sfengine.engine.checkpoint import list_checkpoints
 from sfengine.engine.event_loop import Component, EngineProcess
+from sfengine.engine.hang_watch import HangWatch
 from sfengine.engine.lifecycle import (
     STOP_TIMEOUT_SEC,
     terminate_processes,
@@ -40,6 +41,22 @@ def print_stack(process: EngineProcess) -> None:
         time.sleep(0.5)  # the stack dump is written by the hung process itself
 
 
+def end_hung_worker(process: EngineProcess, processes: list[EngineProcess], hang_watch: HangWatch) -> None:
+    """End a hung worker that is not respawned (training's stop, past --max_respawns; an evaluation) at once: a hung
+    process reads no stop, and waiting STOP_TIMEOUT_SEC for it gains nothing."""
+    ended = [process]
+    if process.name.startswith("inference_worker"):
+        # A process stopped or killed inside a queue operation holds that queue's lock for good (the queues'
+        # mutexes are not robust), and an inference worker writes into the rollout workers' inboxes several
+        # thousand times a second: a stop sent there could block the runner forever. Rollout workers have
+        # nothing to save and nothing to do without actions, so they end with it; the learner saves as usual.
+        ended += [p for p in processes if p.name.startswith("rollout_worker_") and p.is_alive()]
+    for victim in ended:
+        victim.kill()
+        Component.abandoned_inboxes.append(victim.event_loop.signal_queue)
+        hang_watch.forget(victim.name.removesuffix("_process"))
+
+
 class Supervision:
     """The watch of the runner's processes (mixed into ``Runner``)."""
 
@@ -62,6 +79,8 @@ class Supervision:
                 self._stop_hung(hung)
             elif self.hang_watch is not None and (stuck := self.hang_watch.learner_hung()):
                 self._stop_hung_learner(stuck)
+            elif self.hang_watch is not None and (starting := self.hang_watch.startup_hung(self.processes)):
+                self._stop_hung(*starting, option="--startup_timeout_sec")
             return
         training = [p for p in self.processes if p.name != EVALUATOR_PROCESS]
         training_done = all(not p.is_alive() for p in training) if training else self.stats.final_learner_report
@@ -192,33 +211,23 @@ class Supervision:
             silent.sort(key=lambda name: name not in holders)  # stable: the longest silent first within each
         return silent[0] if silent else None
 
-    def _stop_hung(self, component: str) -> None:
+    def _stop_hung(self, component: str, description: str = "", option: str = "--hang_timeout_sec") -> None:
         """Print the hung component's stack (SIGUSR1, see EngineProcess) and what it was doing, then respawn it;
         past --max_respawns, end it and stop the run: the others save a checkpoint and exit as usual."""
         process = next(p for p in self.processes if p.name == f"{component}_process")
-        description = self.hang_watch.describe(component)
+        description = description or self.hang_watch.describe(component)
         print_stack(process)
         refusal = self._respawn_refusal(component)
         if refusal is None:
-            log.error("%s (hung?); its stack is above; respawning it (--hang_timeout_sec)", description)
+            log.error("%s (hung?); its stack is above; respawning it (%s)", description, option)
             self._respawn(process)
             return
-        log.error("%s (hung?); its stack is above; %s; stopping the run (--hang_timeout_sec)", description, refusal)
+        log.error("%s (hung?); its stack is above; %s; stopping the run (%s)", description, refusal, option)
         self._end_hung_worker(process)
         self.request_stop(f"hung: {component}", exit_code=1)
 
     def _end_hung_worker(self, process: EngineProcess) -> None:
-        ended = [process]
-        if process.name.startswith("inference_worker"):
-            # A process stopped or killed inside a queue operation holds that queue's lock for good (the queues'
-            # mutexes are not robust), and an inference worker writes into the rollout workers' inboxes several
-            # thousand times a second: a stop sent there could block the runner forever. Rollout workers have
-            # nothing to save and nothing to do without actions, so they end with it; the learner saves as usual.
-            ended += [p for p in self.processes if p.name.startswith("rollout_worker_") and p.is_alive()]
-        for victim in ended:
-            victim.kill()
-            Component.abandoned_inboxes.append(victim.event_loop.signal_queue)
-            self.hang_watch.forget(victim.name.removesuffix("_process"))
+        end_hung_worker(process, self.processes, self.hang_watch)
 
     def _stop_hung_learner(self, description: str) -> None:
         """Print the stuck learner's stack, end it, and stop the run with exit code 1; the checkpoint to resume

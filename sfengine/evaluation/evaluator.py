@@ -31,6 +31,7 @@ from sfengine.engine.lifecycle import (
     terminate_processes,
 )
 from sfengine.engine.messages import EpisodeStats, WorkerReport
+from sfengine.engine.supervision import end_hung_worker, print_stack
 from sfengine.env.registry import EnvFactory
 from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.evaluation.episode_queue import EvalEpisode, SharedEpisodeQueue
@@ -89,12 +90,38 @@ class EvalRunner(Component):
             return
         if len(self.finished_workers) == self.cfg.sampler.num_workers:
             self._stop_all()
+        elif starting := self._starting_when_every_episode_is_played():
+            names = ", ".join(p.name.removesuffix("_process") for p in starting)
+            log.warning("%s still in its start-up when every episode had been played; ending it", names)
+            terminate_processes(starting)
+            self._stop_all()
         elif self.interrupts:
             self._stop_all("interrupted by a signal")
         elif dead := [p for p in self.processes if not p.is_alive()]:
             self._stop_all("process died: " + ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead))
         elif self.hang_watch is not None and (hung := self.hang_watch.hung()):
-            self._stop_all(f"hung: {self.hang_watch.describe(hung)}")
+            self._stop_hung(hung, self.hang_watch.describe(hung), "--hang_timeout_sec")
+        elif self.hang_watch is not None and (starting := self.hang_watch.startup_hung(self.processes)):
+            self._stop_hung(*starting, "--startup_timeout_sec")
+
+    def _starting_when_every_episode_is_played(self) -> list[EngineProcess]:
+        """Workers still in their start-up (they hold no episode) once every episode was played by the others, which
+        have all finished: the evaluation is complete without them."""
+        if self.hang_watch is None or len(self.episodes) < self.num_episodes:
+            return []
+        workers = [p for p in self.processes if p.name.startswith("rollout_worker_")]
+        starting = [p for p in workers if p.name.removesuffix("_process") not in self.hang_watch.up_since]
+        finished = {f"rollout_worker_{w}_process" for w in self.finished_workers}
+        return starting if all(p in starting or p.name in finished for p in workers) else []
+
+    def _stop_hung(self, component: str, description: str, option: str) -> None:
+        """An evaluation does not respawn: the hung worker's stack is printed, it is ended at once (it would read no
+        stop), and the evaluation stops with what it has."""
+        process = next(p for p in self.processes if p.name == f"{component}_process")
+        print_stack(process)
+        log.error("%s (hung?); its stack is above; ending the evaluation (%s)", description, option)
+        end_hung_worker(process, self.processes, self.hang_watch)
+        self._stop_all(f"hung: {description} ({option})")
 
     def _stop_all(self, error: str | None = None) -> None:
         self.error = error

@@ -608,9 +608,19 @@ def make_slow_starting_toy(ctx):
     return make_multitask_toy(ctx)
 
 
+def make_toy_hanging_at_its_first_start(ctx):
+    # Rollout worker 1 never finishes building its first env, as a simulator deadlocked in its start-up would; once a
+    # run (the worker that replaces it starts as usual).
+    if ctx.worker_index == 1 and not os.path.exists(HUNG_ONCE):
+        open(HUNG_ONCE, "w").close()
+        stuck_in_the_simulator()
+    return make_multitask_toy(ctx)
+
+
 register_env("hanging_toy", make_hanging_toy)
 register_env("stalling_toy", make_stalling_toy)
 register_env("slow_starting_toy", make_slow_starting_toy)
+register_env("toy_hanging_at_its_first_start", make_toy_hanging_at_its_first_start)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
@@ -852,6 +862,43 @@ def test_a_stop_during_a_workers_start_up_ends_it_at_once_and_the_run_exits_0(tm
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()
+
+
+@pytest.mark.slow
+def test_a_worker_hung_in_its_start_up_is_named_with_its_stack_and_respawned(tmp_path, train_dir):
+    # Worker 1's first start never finishes; without a start-up timeout it would sit there for good, unwatched (it
+    # sends no report until its envs are built), and an evaluation or a one-worker run would never end.
+    shm_before = shm_entries()
+    command = hanging_toy_command(tmp_path, train_dir, "startup")
+    # Stopped by the clock, not by env steps: worker 0 alone would reach any step count before the timeout.
+    command += ["--env=toy_hanging_at_its_first_start", "--startup_timeout_sec=4", "--train_for_env_steps=100000000"]
+    stderr, children = run_to_the_end([*command, "--train_for_seconds=30"])
+    error = next(line for line in stderr.splitlines() if "still in its start-up" in line)
+    assert "rollout_worker_1 is still in its start-up after" in error, error
+    assert "the longer of --startup_timeout_sec and 3x the longest start-up so far" in error, error
+    assert error.endswith("respawning it (--startup_timeout_sec)"), error
+    assert "stuck_in_the_simulator" in stderr  # the hung process's own stack, printed by faulthandler
+    summary = read_summary(train_dir, "startup")
+    assert summary["respawns"] == {"rollout_worker_1": 1} and summary["exit_code"] == 0
+    assert summary["respawn_seconds_lost"] > 0  # its successor finished its start-up and reported
+    assert_nothing_left(children, shm_before)
+
+
+@pytest.mark.slow
+def test_a_start_up_hung_past_max_respawns_stops_the_run_with_exit_1(tmp_path, train_dir):
+    shm_before = shm_entries()
+    command = hanging_toy_command(tmp_path, train_dir, "never_up")
+    command += ["--env=slow_starting_toy", "--startup_timeout_sec=3", "--max_respawns=0"]
+    process = start([*command, "--train_for_env_steps=100000000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    children = component_processes(process)
+    output = process.communicate(timeout=180)[0]
+    assert process.returncode == 1, output[-3000:]
+    error = next(line for line in output.splitlines() if "still in its start-up" in line)
+    assert error.endswith("respawning is off (--max_respawns=0); stopping the run (--startup_timeout_sec)"), error
+    summary = read_summary(train_dir, "never_up")
+    assert summary["stop_reason"] == "hung: rollout_worker_1" and summary["exit_code"] == 1
+    assert list((train_dir / "never_up" / "checkpoints").glob("checkpoint_*.pt"))  # worker 0's training is saved
+    assert_nothing_left(children, shm_before)
 
 
 # Inside a mount namespace of its own: a 20 MiB tmpfs as --train_dir, filled up once the first checkpoint is saved.

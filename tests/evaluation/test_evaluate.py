@@ -13,6 +13,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import imageio.v3 as iio
+import psutil
 import pytest
 import torch
 
@@ -216,3 +217,69 @@ def test_an_evaluation_drops_the_training_runs_tasks_and_layout_but_keeps_what_i
     cfg = parse_config(["--env=multitask_toy", "--tasks=1", "--num_workers=3", "--num_envs_per_worker=4"])
     relayout(cfg, given={"num_workers"})
     assert cfg.env.tasks == [] and cfg.sampler.num_workers == 3 and cfg.sampler.num_envs_per_worker == AUTO
+
+
+# A user script that evaluates with an env whose rollout worker 1 never finishes its start-up, as a simulator
+# deadlocked there would: in building its env (it holds no episode yet) or in the env's first reset (it has drawn one).
+STARTUP_HANG_SCRIPT = """
+import os
+import sys
+import time
+
+import gymnasium as gym
+
+from sfengine import register_env
+from sfengine.evaluate import main
+from sfengine_envs.multitask_toy import make_multitask_toy
+
+
+class HangsInReset(gym.Wrapper):
+    def reset(self, **kwargs):
+        time.sleep(100_000)
+
+
+def make_toy_stuck_in_worker_1(ctx):
+    if ctx.worker_index == 1 and os.environ["HANG_IN"] == "build":
+        time.sleep(100_000)
+    env = make_multitask_toy(ctx)
+    return HangsInReset(env) if ctx.worker_index == 1 else env
+
+
+register_env("toy_stuck_in_worker_1", make_toy_stuck_in_worker_1)
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("hang_in", ["build", "reset"])
+@pytest.mark.slow
+def test_a_worker_hung_in_its_start_up_is_ended_and_the_evaluation_says_what_it_cost(
+    toy_run, tmp_path, monkeypatch, hang_in
+):
+    # An evaluation waits for every worker to finish its share: without the start-up watch it would never end.
+    # Stuck building its env, worker 1 holds no episode, and the evaluation is complete once worker 0 has played
+    # them all; stuck in a reset, it holds one, and the evaluation ends with what it has, exit code 1.
+    shm_before = shm_entries()
+    script = tmp_path / "stuck.py"
+    script.write_text(STARTUP_HANG_SCRIPT)
+    monkeypatch.setenv("HANG_IN", hang_in)
+    args = ["--env=toy_stuck_in_worker_1", "--num_workers=2", "--startup_timeout_sec=3"]
+    result = evaluate(f"--train_dir={toy_run}", "--experiment=toy", *args, script=script, timeout=180)
+    results = json.loads((only_eval_dir(toy_run, "toy") / "results.json").read_text())
+    played = results["overall"]["episodes"]
+    assert results["complete"] == (hang_in == "build")
+    if hang_in == "build":
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "rollout_worker_1 still in its start-up when every episode had been played; ending it" in result.stderr
+        assert played == NUM_TASKS * NUM_INIT_STATES
+    else:
+        assert result.returncode == 1, result.stderr[-3000:]
+        error = next(line for line in result.stderr.splitlines() if "did not complete" in line)
+        assert "hung: rollout_worker_1 is still in its start-up after" in error, error
+        assert error.endswith("(--startup_timeout_sec)"), error
+        assert "in reset" in result.stderr  # the hung worker's own stack
+        assert "did not stop within" not in result.stderr  # ended at once, not after the stop's minute
+        assert played == NUM_TASKS * NUM_INIT_STATES - 1  # the episode it had drawn is missing
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    assert leaked_shm(shm_before) == set()

@@ -1,0 +1,62 @@
+"""The start-up timeout's rule: a worker that has not reported since its latest start is hung past the longer of
+--startup_timeout_sec and STARTUP_TIMEOUT_FACTOR times the longest start-up seen so far."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from sfengine.config import Config
+from sfengine.engine.hang_watch import STARTUP_TIMEOUT_FACTOR, HangWatch
+
+
+@dataclasses.dataclass
+class Started:
+    """What the watch reads of a worker's process: its name, when it (re)started, whether it runs."""
+
+    name: str
+    started_at: float
+    alive: bool = True
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+def watch_with(startup_timeout_sec: float) -> HangWatch:
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, startup_timeout_sec=startup_timeout_sec))
+    return HangWatch(cfg, splits=None)
+
+
+def test_a_start_up_longer_than_the_option_and_the_slowest_so_far_is_hung():
+    watch, now = watch_with(10.0), time.monotonic()
+    first = Started("rollout_worker_0_process", now - 50)
+    watch.up_since["rollout_worker_0"] = now - 30  # it took 20 s to start
+    late = Started("rollout_worker_1_process", now - STARTUP_TIMEOUT_FACTOR * 20 + 1)
+    assert watch.startup_hung([first, late]) is None  # within 3x the 20 s worker 0 took, though past 10 s
+    late.started_at -= 2
+    name, description = watch.startup_hung([first, late])
+    assert name == "rollout_worker_1"
+    assert "over its timeout of 60.0 s" in description and "longest start-up so far, 20.0 s" in description
+    late.alive = False  # a dead one is the death watch's, not this one's
+    assert watch.startup_hung([first, late]) is None
+
+
+def test_the_option_sets_the_timeout_until_a_worker_has_started_and_zero_turns_it_off():
+    now = time.monotonic()
+    starting = [Started("inference_worker_0_process", now - 11), Started("learner_process", now - 1000)]
+    assert watch_with(10.0).startup_hung(starting)[0] == "inference_worker_0"  # the learner is not a worker
+    assert watch_with(12.0).startup_hung(starting) is None
+    assert watch_with(0.0).startup_hung(starting) is None
+
+
+def test_a_respawned_worker_is_in_its_start_up_again_until_it_reports():
+    watch, now = watch_with(5.0), time.monotonic()
+    worker = Started("rollout_worker_0_process", now - 1)
+    watch.heard_from("rollout_worker_0")  # up within a second
+    assert watch.startup_hung([worker]) is None
+    watch.forget("rollout_worker_0")  # respawned: its successor starts
+    worker.started_at = now - 6
+    assert watch.startup_hung([worker])[0] == "rollout_worker_0"
+    watch.heard_from("rollout_worker_0")
+    assert watch.startup_hung([worker]) is None
