@@ -184,7 +184,8 @@ class RunConfig:
     startup_timeout_sec: float = option(
         600.0,
         "a rollout or inference worker still in its start-up (building its envs or model) this long, or 3x the "
-        "longest start-up so far if longer, is hung: print its stack and respawn it (0: off)",
+        "longest start-up so far if longer, is hung: print its stack and respawn it; a learner still in its start-up "
+        "this long stops the run (0: off)",
     )
     max_respawns: int = option(
         3,

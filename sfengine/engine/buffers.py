@@ -196,7 +196,8 @@ class SplitState:
     # ``assignments``, what a respawn hands out again when the worker dies (sfengine.engine.respawn).
     positions: Tensor
     # int64 [rows, envs_per_split, 3]: each env's latest draw from the task sequence (task, init state, position),
-    # written before the draw counts, so a worker killed inside a draw leaves its episode known (sfengine.engine.respawn).
+    # written before the draw counts, so a worker killed inside a draw leaves its episode known
+    # (sfengine.engine.respawn).
     drawing: Tensor
     # int64 [rows]: the number of the split's latest inference request. Outputs echo it, and a worker ignores
     # outputs of any other request: those answer a request made before a respawn, or one sent twice.
@@ -225,8 +226,8 @@ class SharedBuffers:
     trajectories: TrajectoryBuffers
     splits: SplitState
     buffers_per_worker: int
-    # float64 [2]: the wall time the learner's current update or save began (0: idle), and its longest one so
-    # far in seconds (for HangWatch)
+    # float64 [3]: the wall time the learner's start-up or current update or save began (0: idle), its longest
+    # update or save so far in seconds, and 1 while the first is its start-up (for HangWatch)
     learner_clock: Tensor
     # int64 [num_buffers, 2]: how often each buffer was handed to the batcher by its worker, and how often the
     # batcher gave it back. A buffer is out while they differ; a respawned worker starts from this (see
@@ -252,7 +253,7 @@ class SharedBuffers:
             cfg.sampler.num_workers * cfg.sampler.worker_num_splits, cfg.envs_per_split, obs_spec
         )
         lends = shared_zeros((per_worker * cfg.sampler.num_workers, 2), torch.int64)
-        return cls(trajectories, splits, per_worker, shared_zeros((2,), torch.float64), lends)
+        return cls(trajectories, splits, per_worker, shared_zeros((3,), torch.float64), lends)
 
     def owner_of(self, buffer_id: int) -> int:
         return buffer_id // self.buffers_per_worker

@@ -21,8 +21,9 @@ inside a queue operation silences others (the reader of the inbox it keeps locke
 one, not those waiting for it (``Supervision._culprit``).
 
 The learner is silent whenever no batch is ready (a slow env), so silence says nothing about it: it marks in shared
-memory when each update or save begins and ends (``SharedBuffers.learner_clock``), and it is hung when one lasts
-far longer than its longest so far (``learner_hung``). It cannot save then: the run ends with the last checkpoint
+memory when its start-up and each update or save begin and end (``SharedBuffers.learner_clock``), and it is hung
+when an update or save lasts far longer than its longest so far, or its start-up longer than
+``--startup_timeout_sec`` (``learner_hung``). It cannot save then: the run ends with the last checkpoint
 it wrote.
 """
 
@@ -110,15 +111,25 @@ class HangWatch:
     def learner_hung(self) -> str | None:
         """What the learner is stuck in, if it has been inside one update or save for longer than its own timeout:
         ``--hang_timeout_sec`` or ``LEARNER_TIMEOUT_FACTOR`` times its longest so far, whichever is longer (a first
-        update that compiles, or a large model's save, may take a while). A learner waiting for a batch is not
-        hung: the rollout side is watched for that."""
-        if not self.timeout or self.learner_clock is None:
+        update that compiles, or a large model's save, may take a while), or in its start-up for longer than
+        ``--startup_timeout_sec``. A learner waiting for a batch is not hung: the rollout side is watched for
+        that."""
+        if self.learner_clock is None:
             return None
         # One read: the learner may end its update between two, and a second read of 0 would look like decades.
-        started, longest = (float(v) for v in self.learner_clock.tolist())
+        started, longest, starting = (float(v) for v in self.learner_clock.tolist())
         if not started:
             return None
         busy = time.time() - started
+        if starting:
+            if not self.startup_timeout or busy <= self.startup_timeout:
+                return None
+            return (
+                f"learner has been in its start-up (its model, trainer, replay, a base policy) for {busy:.0f} s, "
+                f"over --startup_timeout_sec={self.startup_timeout:g}"
+            )
+        if not self.timeout:
+            return None
         timeout = max(self.timeout, LEARNER_TIMEOUT_FACTOR * longest)
         if busy <= timeout:
             return None

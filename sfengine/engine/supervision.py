@@ -236,7 +236,7 @@ class Supervision:
         print_stack(process)
         saved = list_checkpoints(self.cfg.experiment_dir)
         kept = f"the last checkpoint is {saved[-1].name}" if saved else "no checkpoint was written yet"
-        log.error("%s (hung?); its stack is above; stopping the run (--hang_timeout_sec); %s", description, kept)
+        log.error("%s (hung?); its stack is above; stopping the run; %s", description, kept)
         process.kill()
         self.learner_end_said = True
         Component.abandoned_inboxes.append(process.event_loop.signal_queue)

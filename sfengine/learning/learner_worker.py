@@ -70,6 +70,14 @@ class LearnerWorker(Component):
     def report(self): ...
 
     def on_start(self) -> None:
+        # Marked in shared memory: a start-up that never ends (a rank that never joins the broadcast, a base policy
+        # or replay that never loads) is the runner's to notice (HangWatch.learner_hung, --startup_timeout_sec).
+        clock = self.buffers.learner_clock
+        clock[0], clock[2] = time.time(), 1.0
+        self._start()
+        clock[0], clock[2] = 0.0, 0.0
+
+    def _start(self) -> None:
         cfg = self.cfg
         set_cpu_threads(cfg.learner.learner_threads)
         self.ranks = RankInfo.from_environment()

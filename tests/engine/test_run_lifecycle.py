@@ -558,7 +558,8 @@ from sfengine_envs.multitask_toy import make_multitask_toy
 HUNG_ONCE = __file__ + ".hung"
 HANG_STEP = int(os.environ.get("HANG_STEP", 3000))
 # A test of the stop's own time limit shortens it, as it cannot wait the minute a run gives its components.
-sfengine.engine.supervision.STOP_TIMEOUT_SEC = float(os.environ.get("STOP_TIMEOUT_SEC", sfengine.engine.supervision.STOP_TIMEOUT_SEC))
+supervision = sfengine.engine.supervision
+supervision.STOP_TIMEOUT_SEC = float(os.environ.get("STOP_TIMEOUT_SEC", supervision.STOP_TIMEOUT_SEC))
 
 
 def stuck_in_the_simulator():
@@ -788,6 +789,49 @@ def test_a_learner_stuck_in_an_update_is_named_with_its_stack_and_the_run_stops_
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()
+
+
+# A user script whose learner never finishes its start-up (a base policy or a replay that never loads, a rank that
+# never joins the first broadcast): its trainer is never built, in the spawned learner process.
+LEARNER_STUCK_STARTING_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import time
+
+    from sfengine.algorithms.ppo.trainer import PPOTrainer
+    from sfengine.train import main
+
+
+    def building_the_trainer_for_good(self, *args, **kwargs):
+        while True:
+            time.sleep(1)
+
+
+    PPOTrainer.__init__ = building_the_trainer_for_good
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_learner_stuck_in_its_start_up_is_named_with_its_stack_and_the_run_stops(tmp_path, train_dir):
+    # Without the watch the workers would fill their buffers and wait for good, and the run would print its status
+    # line forever: no progress, no reason.
+    shm_before = shm_entries()
+    script = tmp_path / "stuck_starting.py"
+    script.write_text(LEARNER_STUCK_STARTING_SCRIPT)
+    process = start_script(script, train_dir, "learner_starting", *FAST, "--startup_timeout_sec=4")
+    children = component_processes(process)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 1, output[-3000:]
+    error = next(line for line in output.splitlines() if "learner has been in its start-up" in line)
+    assert "over --startup_timeout_sec=4 (hung?); its stack is above; stopping the run" in error, error
+    assert error.endswith("no checkpoint was written yet"), error
+    assert "building_the_trainer_for_good" in output  # the stuck process's own stack
+    assert read_summary(train_dir, "learner_starting")["stop_reason"] == "hung: learner"
+    assert_nothing_left(children, shm_before)
 
 
 # A user script whose batcher raises while it assembles its 5th training batch (as a bug in it would): the batcher
