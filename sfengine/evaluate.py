@@ -14,7 +14,8 @@ every (task, init state) of the rank's shard ``--episodes_per_init`` times; sing
 ``sfengine.evaluation.report``), videos to its ``videos/``.
 
 Exit codes: 0 every episode ran, 1 the evaluation failed or was interrupted (the episodes that finished are
-still written), 2 bad input, reported on one line before anything is written.
+still written, and the same command with ``--resume`` plays only the missing ones: sfengine.evaluation.resume), 2
+bad input, reported on one line before anything is written.
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ from sfengine.engine.sizing import Machine, resolve_auto_options
 from sfengine.env.multitask import TaskInfo
 from sfengine.env.registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.evaluation.compare import SAMPLED_SUFFIX, comparison_line, find_results, paired_test
-from sfengine.evaluation.episode_queue import evaluated_init_states, evaluation_episodes
+from sfengine.evaluation.episode_queue import EvalEpisode, evaluated_init_states, evaluation_episodes
 from sfengine.evaluation.evaluator import run_evaluation
 from sfengine.evaluation.report import EvalReport
+from sfengine.evaluation.resume import check_fits, load_partial, still_to_play
 from sfengine.evaluation.video import EvalOutput
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.numpy_backend.policy import choose_inference_backend
@@ -180,23 +182,41 @@ def main(argv: list[str] | None = None) -> int:
         pairs = evaluated_init_states(tasks, options.eval_tasks, options.eval_init_states) if tasks else None
         if options.compare_to:  # every rank: one that refused alone would leave the others waiting for it
             baseline = find_results(options.compare_to, cfg.run.train_dir, cfg.eval.eval_deterministic, cfg.env.env)
+        ev = cfg.eval
+        # Sampled actions give other figures than the mode: each keeps its own folder, so neither overwrites the
+        # other.
+        out_dir = cfg.experiment_dir / "eval" / (checkpoint.stem + ("" if ev.eval_deterministic else SAMPLED_SUFFIX))
+
+        def episodes_of(rank: int) -> list[EvalEpisode]:
+            return evaluation_episodes(
+                tasks,
+                rank,
+                ranks.world_size,
+                options.episodes_per_init,
+                ev.eval_episodes,
+                options.video_per_task,
+                options.eval_tasks,
+                options.eval_init_states,
+            )
+
+        episodes, kept, wall_before = episodes_of(ranks.rank), [], 0.0
+        if options.resume:  # every rank reads it: each plays what is missing of its own share
+            settings = {"env": cfg.env.env, "policy_version": int(state["policy_version"])}
+            settings |= {"deterministic": ev.eval_deterministic, "episodes_per_init": options.episodes_per_init}
+            if not tasks:
+                settings["episodes_per_init"] = None
+            partial = load_partial(out_dir, settings)
+            if partial.complete:
+                if ranks.rank == 0:
+                    print(f"the evaluation in {out_dir} is complete ({len(partial.episodes)} episodes): nothing to do")
+                return 0
+            check_fits(partial.episodes, [e for rank in range(ranks.world_size) for e in episodes_of(rank)])
+            kept, wall_before = partial.episodes, partial.wall_sec
+            episodes = still_to_play(episodes, kept)
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"sfengine.evaluate: error: {exc}", file=sys.stderr)
         return 2
     set_cpu_threads(1)
-    ev = cfg.eval
-    # Sampled actions give other figures than the mode: each keeps its own folder, so neither overwrites the other.
-    out_dir = cfg.experiment_dir / "eval" / (checkpoint.stem + ("" if ev.eval_deterministic else SAMPLED_SUFFIX))
-    episodes = evaluation_episodes(
-        tasks,
-        ranks.rank,
-        ranks.world_size,
-        options.episodes_per_init,
-        ev.eval_episodes,
-        options.video_per_task,
-        options.eval_tasks,
-        options.eval_init_states,
-    )
     output = EvalOutput(
         str(out_dir / "videos") if options.video_per_task else None,
         options.video_size,
@@ -217,17 +237,20 @@ def main(argv: list[str] | None = None) -> int:
             f"  {s.num_workers} rollout workers x {s.num_envs_per_worker} envs ({s.worker_num_splits} splits)"
             + (f", {ranks.world_size} ranks" if ranks.world_size > 1 else "")
             + (f"; {sizing}" if sizing else "")
+            + (f"\n  resuming: {len(kept)} episodes kept from the evaluation cut short" if options.resume else "")
             + f"\n  results: {out_dir}",
             flush=True,
         )
     started = time.time()
-    finished, error = run_evaluation(
-        cfg, factory, obs_spec, action_spec, model, int(state["policy_version"]), episodes, output, ranks.rank == 0
-    )
-    wall = time.time() - started
+    finished, error = [], None
+    if episodes:  # a resumed rank may have nothing left of its share
+        finished, error = run_evaluation(
+            cfg, factory, obs_spec, action_spec, model, int(state["policy_version"]), episodes, output, ranks.rank == 0
+        )
+    wall = time.time() - started + wall_before
     if error is None and len(finished) != len(episodes):
         error = f"{len(finished)} episodes finished of {len(episodes)}"
-    finished = gather_episodes(finished, ranks)
+    finished = kept + gather_episodes(finished, ranks)
     if ranks.rank != 0:
         return 0 if error is None else 1
     report = EvalReport(
@@ -262,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     if error is not None:
-        print(f"sfengine.evaluate: the evaluation did not complete: {error}", file=sys.stderr)
+        print(
+            f"sfengine.evaluate: the evaluation did not complete: {error}; the same command with --resume plays "
+            "only the missing episodes",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -77,6 +77,7 @@ RECORDING_SCRIPT = textwrap.dedent(
     """
     import os
     import sys
+    import time
 
     import gymnasium as gym
 
@@ -85,6 +86,7 @@ RECORDING_SCRIPT = textwrap.dedent(
     from sfengine_envs.multitask_toy import make_multitask_toy
 
     LOG_DIR = {log_dir!r}
+    STEP_SEC = float(os.environ.get("RECORDED_STEP_SEC", 0))  # a slower env, for a test that stops a run midway
 
 
     class RecordsAssignments(gym.Wrapper):
@@ -102,6 +104,7 @@ RECORDING_SCRIPT = textwrap.dedent(
             return self.env.reset(seed=seed, options=options)
 
         def step(self, action):
+            time.sleep(STEP_SEC)
             obs, reward, terminated, truncated, info = self.env.step(action)
             if terminated or truncated:
                 self.ended.write(self.assignment)

@@ -35,6 +35,12 @@ class EvaluateOptions:
         "(its latest evaluation with the same kind of actions), or a results.json or its folder",
     )
 
+    resume: bool = option(
+        False,
+        "continue an evaluation of this checkpoint that was cut short (Ctrl-C, a time limit, a failed worker): "
+        "play only the episodes its results.json lacks, then write the merged results",
+    )
+
     def validate(self) -> None:
         if self.episodes_per_init < 1:
             raise ConfigError(f"--episodes_per_init={self.episodes_per_init} must be at least 1")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -17,7 +20,15 @@ import psutil
 import pytest
 import torch
 
-from helpers import evaluate, leaked_shm, received_assignments, run_train, shm_entries, write_recording_script
+from helpers import (
+    evaluate,
+    leaked_shm,
+    received_assignments,
+    run_train,
+    shm_entries,
+    start,
+    write_recording_script,
+)
 from sfengine.config import AUTO, parse_config
 from sfengine.engine.checkpoint import load_latest_checkpoint
 from sfengine.env.spaces import DEFAULT_OBS_KEY, action_spec_from_space, obs_spec_from_space
@@ -283,3 +294,52 @@ def test_a_worker_hung_in_its_start_up_is_ended_and_the_evaluation_says_what_it_
         assert played == NUM_TASKS * NUM_INIT_STATES - 1  # the episode it had drawn is missing
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     assert leaked_shm(shm_before) == set()
+
+
+@pytest.mark.slow
+def test_an_evaluation_cut_short_is_resumed_playing_only_the_episodes_it_lacks(toy_run, tmp_path):
+    script, logs = tmp_path / "recorded.py", tmp_path / "logs"
+    write_recording_script(script, logs, module="evaluate")
+    args = [f"--train_dir={toy_run}", "--experiment=toy", "--env=recorded_toy", "--episodes_per_init=10"]
+    args += ["--num_workers=1", "--num_envs_per_worker=4"]
+    every = Counter({pair: 10 for pair in ALL_PAIRS})
+    # 200 episodes of a slowed toy: Ctrl-C once the progress line shows some played.
+    slowed = {**os.environ, "RECORDED_STEP_SEC": "0.005"}
+    command = [sys.executable, str(script), "--report_every_sec=0.5", *args]
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=slowed)
+    for line in process.stdout:
+        played = re.search(r"episodes (\d+)/200", line)
+        if played and 0 < int(played[1]) < 150:
+            process.send_signal(signal.SIGINT)
+            break
+    output = line + process.communicate(timeout=120)[0]
+    assert process.returncode == 1, output[-3000:]
+    assert "the same command with --resume plays only the missing episodes" in output
+    results_path = only_eval_dir(toy_run, "toy") / "results.json"
+    partial = json.loads(results_path.read_text())
+    kept = Counter(Assignment(row["task_index"], row["init_state"]) for row in partial["episodes"])
+    assert not partial["complete"] and 0 < sum(kept.values()) < 200
+
+    shutil.rmtree(logs)
+    logs.mkdir()
+    result = evaluate(*args, "--resume=true", script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming: {sum(kept.values())} episodes kept" in result.stdout
+    assert received_assignments(logs, "*.ended") == every - kept  # the missing ones, each once
+    merged = json.loads(results_path.read_text())
+    assert merged["complete"] and merged["overall"]["episodes"] == 200 == merged["expected_episodes"]
+    assert Counter(Assignment(row["task_index"], row["init_state"]) for row in merged["episodes"]) == every
+    assert merged["wall_sec"] > partial["wall_sec"]  # both runs' time
+
+    result = evaluate(*args, "--resume=true", script=script)
+    assert result.returncode == 0 and "is complete (200 episodes): nothing to do" in result.stdout, result.stderr
+    # What cannot be resumed: other settings, or episodes this command does not ask for; one line, exit 2.
+    results_path.write_text(json.dumps({**merged, "complete": False}))
+    for extra, message in [
+        (["--episodes_per_init=3"], "was made with episodes_per_init=10, this command asks for 3"),
+        (["--eval_tasks=0"], "holds 150 episode(s) this command does not ask for (task 1, init state 0)"),
+    ]:
+        result = evaluate(*args, *extra, "--resume=true", script=script)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines()[-1].startswith("sfengine.evaluate: error: --resume: ")
+        assert message in result.stderr, result.stderr[-2000:]
