@@ -226,8 +226,9 @@ class SharedBuffers:
     trajectories: TrajectoryBuffers
     splits: SplitState
     buffers_per_worker: int
-    # float64 [3]: the wall time the learner's start-up or current update or save began (0: idle), its longest
-    # update or save so far in seconds, and 1 while the first is its start-up (for HangWatch)
+    # float64 [4]: the wall time the learner's start-up or current update or save began (0: idle), its longest
+    # update or save so far in seconds, 1 while the first is its start-up, and the wall time of the current
+    # update's latest gradient step (0: none yet) (for HangWatch)
     learner_clock: Tensor
     # int64 [num_buffers, 2]: how often each buffer was handed to the batcher by its worker, and how often the
     # batcher gave it back. A buffer is out while they differ; a respawned worker starts from this (see
@@ -253,7 +254,7 @@ class SharedBuffers:
             cfg.sampler.num_workers * cfg.sampler.worker_num_splits, cfg.envs_per_split, obs_spec
         )
         lends = shared_zeros((per_worker * cfg.sampler.num_workers, 2), torch.int64)
-        return cls(trajectories, splits, per_worker, shared_zeros((3,), torch.float64), lends)
+        return cls(trajectories, splits, per_worker, shared_zeros((4,), torch.float64), lends)
 
     def owner_of(self, buffer_id: int) -> int:
         return buffer_id // self.buffers_per_worker

@@ -21,10 +21,10 @@ inside a queue operation silences others (the reader of the inbox it keeps locke
 one, not those waiting for it (``Supervision._culprit``).
 
 The learner is silent whenever no batch is ready (a slow env), so silence says nothing about it: it marks in shared
-memory when its start-up and each update or save begin and end (``SharedBuffers.learner_clock``), and it is hung
-when an update or save lasts far longer than its longest so far, or its start-up longer than
-``--startup_timeout_sec`` (``learner_hung``). It cannot save then: the run ends with the last checkpoint
-it wrote.
+memory when its start-up and each update or save begin and end, and each gradient step
+(``SharedBuffers.learner_clock``); it is hung when an update or save goes without a gradient step far longer than
+its longest update so far, or its start-up lasts longer than ``--startup_timeout_sec`` (``learner_hung``). It
+cannot save then: the run ends with the last checkpoint it wrote.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class HangWatch:
         if self.learner_clock is None:
             return None
         # One read: the learner may end its update between two, and a second read of 0 would look like decades.
-        started, longest, starting = (float(v) for v in self.learner_clock.tolist())
+        started, longest, starting, last_step = (float(v) for v in self.learner_clock.tolist())
         if not started:
             return None
         busy = time.time() - started
@@ -131,11 +131,15 @@ class HangWatch:
         if not self.timeout:
             return None
         timeout = max(self.timeout, LEARNER_TIMEOUT_FACTOR * longest)
-        if busy <= timeout:
+        # Counted from its latest gradient step: a long update that keeps stepping (a learner starved of CPU by
+        # other work on the machine, many steps to a batch) is slow, not hung.
+        quiet = time.time() - max(started, last_step)
+        if quiet <= timeout:
             return None
         return (
-            f"learner has been inside one update or save for {busy:.0f} s, over its timeout of {timeout:.0f} s "
-            f"(the longer of --hang_timeout_sec and {LEARNER_TIMEOUT_FACTOR}x its longest so far, {longest:.2f} s)"
+            f"learner has been inside one update or save for {busy:.0f} s, {quiet:.0f} s of it without a gradient "
+            f"step, over its timeout of {timeout:.0f} s (the longer of --hang_timeout_sec and "
+            f"{LEARNER_TIMEOUT_FACTOR}x its longest update or save so far, {longest:.2f} s)"
         )
 
     def describe(self, component: str) -> str:

@@ -90,6 +90,7 @@ class LearnerWorker(Component):
         self.weights.pull(self.model)
         algorithm = algorithm_for(cfg)
         self.trainer = algorithm.trainer(self.model, cfg, self.group)
+        self.trainer.heartbeat = self.gradient_step_done
         # The checkpoint's key for the trainer's own state (FlowSAR's reference, --kl_coeff's): the algorithm's name.
         self.trainer_key = algorithm.name
         # A reference policy (FlowSAR's) travels beside the policy; the acting side annotates with it.
@@ -235,12 +236,17 @@ class LearnerWorker(Component):
         one (HangWatch) from one waiting for a batch."""
         clock = self.buffers.learner_clock
         started = time.time()
-        clock[0] = started
+        clock[0], clock[3] = started, 0.0
         try:
             yield
         finally:
             clock[1] = max(float(clock[1]), time.time() - started)
             clock[0] = 0.0
+
+    def gradient_step_done(self) -> None:
+        """The trainer's heartbeat: an update that takes long but keeps stepping (a learner starved of CPU by the
+        machine's other work) is slow, not hung."""
+        self.buffers.learner_clock[3] = time.time()
 
     def save(self) -> bool:
         """Write a checkpoint (rank 0); whether it was written. A failed write (disk full, no permission) is one

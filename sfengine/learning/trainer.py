@@ -36,6 +36,8 @@ from sfengine.models.actor_critic import ActorCritic
 class Trainer:
     # A policy published beside the model for the acting side (FlowSAR's reference); None for most algorithms.
     reference: ActorCritic | None = None
+    # Called after every gradient step (the learner worker's, for its hang watch); a trainer built alone has none.
+    heartbeat: Callable[[], None] | None = None
 
     def __init__(self, model: ActorCritic, cfg: Config, group: LearnerGroup | None = None):
         self.model, self.cfg = model, cfg
@@ -73,6 +75,8 @@ class Trainer:
         finite = math.isfinite(grad_norm)
         if finite:
             self.optimizer.step()
+        if self.heartbeat is not None:
+            self.heartbeat()
         self.sums["nonfinite_steps"] = self.sums.get("nonfinite_steps", 0.0) + (not finite)
         return grad_norm if finite else 0.0
 

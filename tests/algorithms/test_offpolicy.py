@@ -522,9 +522,12 @@ def test_with_the_peers_settings_one_sac_step_is_the_textbook_update():
 
 def test_the_actor_waits_for_the_critics_warm_up():
     trainer = make_trainer("td3", critic_warmup_updates=40, actor_delay=1)
+    beats = []
+    trainer.heartbeat = lambda: beats.append(1)  # the learner's hang watch hears of every step, critic-only ones too
     weights = lambda: {name: p.detach().clone() for name, p in trainer.model.named_parameters()}  # noqa: E731
     before = weights()
     assert "actor_loss" not in trainer.train(batch(0), 0, 0)  # 32 gradient steps: the critics' alone
+    assert len(beats) == 32
     assert all(torch.equal(before[name], value) for name, value in weights().items())
     assert "actor_loss" in trainer.train(batch(1), 0, 0)  # steps 41-64 move the actor
     assert any(not torch.equal(before[name], value) for name, value in weights().items())

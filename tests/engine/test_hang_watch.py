@@ -1,10 +1,13 @@
-"""The start-up timeout's rule: a worker that has not reported since its latest start is hung past the longer of
---startup_timeout_sec and STARTUP_TIMEOUT_FACTOR times the longest start-up seen so far."""
+"""The hang watch's rules: a worker that has not reported since its latest start is hung past the longer of
+--startup_timeout_sec and STARTUP_TIMEOUT_FACTOR times the longest start-up seen so far; a learner, once an update
+goes without a gradient step past its timeout, or its start-up past --startup_timeout_sec."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+
+import torch
 
 from sfengine.config import Config
 from sfengine.engine.hang_watch import STARTUP_TIMEOUT_FACTOR, HangWatch
@@ -60,3 +63,26 @@ def test_a_respawned_worker_is_in_its_start_up_again_until_it_reports():
     assert watch.startup_hung([worker])[0] == "rollout_worker_0"
     watch.heard_from("rollout_worker_0")
     assert watch.startup_hung([worker]) is None
+
+
+def test_a_learner_update_is_hung_only_once_it_goes_without_a_gradient_step_past_its_timeout():
+    # [update began, longest update so far, in its start-up, latest gradient step]: a starved learner's update can
+    # last far past the timeout and still be stepping.
+    clock = torch.zeros(4, dtype=torch.float64)
+    watch = HangWatch(Config(), splits=None, learner_clock=clock)  # --hang_timeout_sec 120
+    now = time.time()
+    clock[:] = torch.tensor([now - 500, 2.0, 0.0, now - 1], dtype=torch.float64)  # 500 s in, stepping: slow, not hung
+    assert watch.learner_hung() is None
+    clock[3] = now - 200  # no gradient step for 200 s, over max(120, 10 x 2 s)
+    stuck = watch.learner_hung()
+    assert stuck is not None and "inside one update or save for 500 s, 200 s of it without a gradient step" in stuck
+    clock[:] = torch.tensor(
+        [now - 130, 20.0, 0.0, 0.0], dtype=torch.float64
+    )  # a save (no steps) within 10x its longest, 200 s
+    assert watch.learner_hung() is None
+    clock[:] = torch.tensor(
+        [now - 130, 0.0, 1.0, 0.0], dtype=torch.float64
+    )  # a start-up: --startup_timeout_sec (600) applies
+    assert watch.learner_hung() is None
+    clock[0] = now - 601
+    assert "in its start-up" in watch.learner_hung()

@@ -791,6 +791,45 @@ def test_a_learner_stuck_in_an_update_is_named_with_its_stack_and_the_run_stops_
     assert leaked_shm(shm_before) == set()
 
 
+# A user script whose learner takes 0.5 s a gradient step, as one starved of CPU by other work on the machine would:
+# an update of 8 steps lasts longer than the test's --hang_timeout_sec, but keeps stepping.
+SLOW_LEARNER_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import time
+
+    from sfengine.algorithms.ppo.trainer import PPOTrainer
+    from sfengine.train import main
+
+    real_step = PPOTrainer._step
+
+
+    def starved_step(self, *args, **kwargs):
+        time.sleep(0.5)
+        return real_step(self, *args, **kwargs)
+
+
+    PPOTrainer._step = starved_step
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_learner_slowed_past_the_hang_timeout_but_still_stepping_is_not_stopped(tmp_path, train_dir):
+    script = tmp_path / "slow_learner.py"
+    script.write_text(SLOW_LEARNER_SCRIPT)
+    args = [*FAST, "--hang_timeout_sec=3", "--num_epochs=2", "--num_batches_per_epoch=4", "--train_for_seconds=15"]
+    process = start_script(script, train_dir, "slow", *args)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, output[-3000:]
+    assert "learner has been inside one update" not in output
+    summary = read_summary(train_dir, "slow")
+    assert summary["stop_reason"] == "trained for 15 s" and summary["env_steps"] > 0
+
+
 # A user script whose learner never finishes its start-up (a base policy or a replay that never loads, a rank that
 # never joins the first broadcast): its trainer is never built, in the spawned learner process.
 LEARNER_STUCK_STARTING_SCRIPT = textwrap.dedent(

@@ -127,6 +127,8 @@ class OffPolicyTrainer(Trainer):
         for _ in range(steps):
             for name, value in self.step().items():
                 sums[name] = sums.get(name, 0.0) + value
+            if self.heartbeat is not None:
+                self.heartbeat()  # critic-only steps (the warm-up, a delayed actor) included
         actor_steps = max(1.0, sums.pop("actor_steps", 0.0))
         for name, value in sums.items():
             stats[name] = value / (actor_steps if name in ACTOR_STATS else max(1, steps))

@@ -201,6 +201,8 @@ class PPOTrainer(Trainer):
             self.backend.begin(self.optimizer.param_groups[0]["lr"], self.train_policy)
         result = self.backend(obs, actions, old_log_probs, advantages, value_anchors)
         self._add_step_stats(result.sums(), result.diagnostics)
+        if self.heartbeat is not None:
+            self.heartbeat()  # the numpy backend's step too, which does not go through apply_gradients
 
     def torch_step(
         self,
