@@ -39,6 +39,7 @@ class EpisodeStats(NamedTuple):
     success: float  # nan when the env does not report success
     task: int = -1  # the task of a multi-task env, -1 otherwise
     init_state: int = -1  # multi-task envs: the init state; single-task evaluation: the episode's seed
+    position: int = -1  # its place in the task sequence (training) or the episode queue (evaluation), else -1
 
 
 class InferenceReport(NamedTuple):

@@ -13,6 +13,7 @@ import logging
 import os
 import signal as os_signal
 import time
+from collections.abc import Collection
 
 from sfengine.engine.checkpoint import list_checkpoints
 from sfengine.engine.event_loop import Component, EngineProcess
@@ -55,6 +56,14 @@ def end_hung_worker(process: EngineProcess, processes: list[EngineProcess], hang
         victim.kill()
         Component.abandoned_inboxes.append(victim.event_loop.signal_queue)
         hang_watch.forget(victim.name.removesuffix("_process"))
+
+
+def respawn_paused(process: EngineProcess, reported: Collection[str]) -> bool:
+    """A worker that died before its first report (not in ``reported``), within RESPAWN_PAUSE_SEC of its start:
+    respawned later."""
+    component = process.name.removesuffix("_process")
+    young = time.monotonic() - getattr(process, "started_at", 0.0) < RESPAWN_PAUSE_SEC
+    return young and component not in reported and component.startswith(("rollout_worker_", "inference_worker_"))
 
 
 class Supervision:
@@ -145,12 +154,7 @@ class Supervision:
         terminate_processes(self.processes)
 
     def _pausing(self, process: EngineProcess) -> bool:
-        """A worker that died before its first report, within RESPAWN_PAUSE_SEC of its start: respawned later."""
-        component = process.name.removesuffix("_process")
-        young = time.monotonic() - getattr(process, "started_at", 0.0) < RESPAWN_PAUSE_SEC
-        return (
-            young and component not in self.reported and component.startswith(("rollout_worker_", "inference_worker_"))
-        )
+        return respawn_paused(process, self.reported)
 
     def _dead(self, dead: list[EngineProcess]) -> None:
         """Respawn dead rollout and inference workers; any other death, or one past --max_respawns, stops the run."""

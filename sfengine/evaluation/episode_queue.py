@@ -9,7 +9,9 @@ simulator about once, where a round-robin order would switch simulators at every
 rank takes its shard (``sfengine.tasks.scheduler.shard_pairs``; single-task seeds are dealt round-robin).
 
 A draw moves a shared cursor under an uncontended lock (``ProcessLock``), once per episode, so however many
-workers, envs and splits draw, every episode of the set is run exactly once.
+workers, envs and splits draw, every episode of the set is run exactly once. Each draw is marked with the worker that
+made it: when a worker dies or hangs, the evaluation's runner hands the episodes it drew and never reported out
+again (``hand_out_again``), to be drawn before any other, so a respawn loses none.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class EvalEpisode(NamedTuple):
     task: int  # SINGLE_TASK for an ordinary env
     init_state: int  # multi-task envs: the init state; single-task envs: the seed of the episode's reset
     video: bool  # record this episode as an mp4
+    position: int = -1  # its place in the evaluation's queue, where it was drawn from (-1: not drawn)
 
 
 def evaluated_init_states(tasks: TaskInfo, only_tasks: list[int], init_states: int) -> list[int]:
@@ -77,29 +80,73 @@ class SharedEpisodeQueue:
 
     def __init__(self, episodes: list[EvalEpisode]):
         ordered = sorted(episodes, key=lambda e: e.task)  # stable: each task's episodes keep their order
-        self.episodes = torch.tensor([list(map(int, e)) for e in ordered], dtype=torch.int64).reshape(-1, 3)
+        self.episodes = torch.tensor([list(map(int, e[:3])) for e in ordered], dtype=torch.int64).reshape(-1, 3)
         self.tasks = sorted({e.task for e in ordered})
         starts = [next(i for i, e in enumerate(ordered) if e.task == task) for task in self.tasks]
         self.ends = torch.tensor([*starts[1:], len(ordered)], dtype=torch.int64)
         self.cursors = torch.tensor(starts, dtype=torch.int64).share_memory_()  # each task's next episode
+        self.drawn_by = torch.full((len(ordered),), -1, dtype=torch.int64).share_memory_()  # the drawing worker
+        # Positions handed out again (a dead or hung worker's), drawn before any new one: [count, *positions].
+        self.again = torch.full((len(ordered) + 1,), -1, dtype=torch.int64).share_memory_()
+        self.again[0] = 0
         self.episodes.share_memory_()
         self.lock = ProcessLock()
 
-    def next(self, current_task: int = SINGLE_TASK) -> EvalEpisode | None:
-        """The next episode of ``current_task`` if it has one left, else of the task with the most left."""
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    def next(self, current_task: int = SINGLE_TASK, worker: int = -1) -> EvalEpisode | None:
+        """The next episode for an env of rollout worker ``worker`` playing ``current_task``: one handed out again
+        first (of its task if there is one), then ``current_task``'s next if it has one left, else the next of the
+        task with the most left. The episode carries its ``position``."""
         if not self.tasks:
             return None
         with self.lock:
-            remaining = self.ends - self.cursors
-            index = self.tasks.index(current_task) if current_task in self.tasks else -1
-            if index < 0 or remaining[index] == 0:
-                index = int(remaining.argmax())
-                if remaining[index] == 0:
-                    return None
-            position = int(self.cursors[index])
-            self.cursors[index] = position + 1
+            slot, index = self._waiting_slot(current_task), -1
+            if slot >= 0:
+                position = int(self.again[1 + slot])
+            else:
+                remaining = self.ends - self.cursors
+                index = self.tasks.index(current_task) if current_task in self.tasks else -1
+                if index < 0 or remaining[index] == 0:
+                    index = int(remaining.argmax())
+                    if remaining[index] == 0:
+                        return None
+                position = int(self.cursors[index])
+            # Marked before the draw counts: a worker killed in between has it handed out again (and, if drawn
+            # anew meanwhile, played twice and counted once), never lost.
+            self.drawn_by[position] = worker
+            if slot >= 0:
+                count = int(self.again[0])
+                self.again[1 + slot] = self.again[count]  # the last fills the gap: their order does not matter
+                self.again[0] = count - 1
+            else:
+                self.cursors[index] = position + 1
         task, init_state, video = self.episodes[position].tolist()
-        return EvalEpisode(task, init_state, bool(video))
+        return EvalEpisode(task, init_state, bool(video), position)
+
+    def _waiting_slot(self, current_task: int) -> int:
+        """The slot of a position handed out again, of ``current_task`` if one is, else the first; -1 if none."""
+        count = int(self.again[0])
+        if not count:
+            return -1
+        same_task = (self.episodes[self.again[1 : count + 1], 0] == current_task).nonzero()
+        return int(same_task[0, 0]) if len(same_task) else 0
+
+    def hand_out_again(self, worker: int, reported: set[int]) -> list[EvalEpisode]:
+        """The episodes rollout worker ``worker`` drew whose results never reached the runner (not in ``reported``):
+        handed out again, ahead of every other. Call it once the worker is dead, before its successor starts.
+        Returns them, for the log."""
+        with self.lock:
+            drawn = (self.drawn_by == worker).nonzero().flatten().tolist()
+            waiting = set(self.again[1 : int(self.again[0]) + 1].tolist())
+            lost = [position for position in drawn if position not in reported and position not in waiting]
+            count = int(self.again[0])
+            if lost:
+                self.again[count + 1 : count + 1 + len(lost)] = torch.tensor(lost, dtype=torch.int64)
+            self.again[0] = count + len(lost)
+        episodes = [self.episodes[position].tolist() for position in lost]
+        return [EvalEpisode(task, state, bool(video), p) for (task, state, video), p in zip(episodes, lost)]
 
     def record(self, task: int, success: bool) -> None:
         """Outcomes go to the evaluation's report, not to a curriculum."""

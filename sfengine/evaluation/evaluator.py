@@ -8,6 +8,12 @@
 
 The rollout workers reuse their buffers at once (nothing learns), and an env that finds the episode set
 exhausted stops, so each episode of the set runs exactly once whatever the worker layout.
+
+A worker that dies or hangs is respawned as in training (``Respawner``, within ``--max_respawns``): the episodes a
+dead rollout worker drew and never reported go back to the queue ahead of the rest (``hand_out_again``), and one it
+reported just before it died but played again comes in twice and is counted once (by its queue position). So an
+evaluation cut by a worker's crash still plays every episode exactly once; past ``--max_respawns`` it stops with
+what it has, and ``--resume`` plays the rest.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from sfengine.engine.lifecycle import (
     terminate_processes,
 )
 from sfengine.engine.messages import EpisodeStats, WorkerReport
-from sfengine.engine.supervision import end_hung_worker, print_stack
+from sfengine.engine.respawn import InboxLockHeld, Respawner
+from sfengine.engine.supervision import end_hung_worker, print_stack, respawn_paused
 from sfengine.env.registry import EnvFactory
 from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.evaluation.episode_queue import EvalEpisode, SharedEpisodeQueue
@@ -45,12 +52,24 @@ log = logging.getLogger(__name__)
 
 
 class EvalRunner(Component):
-    """Collects the finished episodes, prints progress, and stops the components once every worker is done."""
+    """Collects the finished episodes (each once), prints progress, respawns dead or hung workers, and stops the
+    components once every worker is done."""
 
-    def __init__(self, event_loop, cfg: Config, num_episodes: int, hang_watch: HangWatch | None, leads: bool):
+    def __init__(
+        self,
+        event_loop,
+        cfg: Config,
+        queue: SharedEpisodeQueue,
+        hang_watch: HangWatch | None,
+        leads: bool,
+    ):
         super().__init__(event_loop, "eval_runner")
-        self.cfg, self.num_episodes, self.hang_watch, self.leads = cfg, num_episodes, hang_watch, leads
+        self.cfg, self.queue, self.hang_watch, self.leads = cfg, queue, hang_watch, leads
+        self.respawner: Respawner | None = None  # multi-process mode: dead or hung workers replaced
+        self.num_episodes = len(queue)
         self.episodes: list[EpisodeStats] = []
+        self.reported: set[int] = set()  # the queue positions of the episodes in ``episodes``
+        self.repeats = 0  # episodes reported twice (played again after their worker died), counted once
         self.finished_workers: set[int] = set()
         self.processes: list[EngineProcess] = []
         self.error: str | None = None
@@ -61,20 +80,33 @@ class EvalRunner(Component):
     @signal
     def stop(self): ...
 
+    @signal
+    def inference_respawned(self): ...
+
     def on_start(self) -> None:
         self.started = time.time()
         start_watch_and_status_timers(self)
 
     def on_worker_report(self, report: WorkerReport) -> None:
+        component = f"rollout_worker_{report.worker}"
         if self.hang_watch is not None:
-            self.hang_watch.heard_from(f"rollout_worker_{report.worker}")
-        self.episodes.extend(report.episodes)
+            self.hang_watch.heard_from(component)
+        if self.respawner is not None:
+            self.respawner.heard_from(component)
+        for episode in report.episodes:
+            if episode.position in self.reported:
+                self.repeats += 1
+                continue
+            self.reported.add(episode.position)
+            self.episodes.append(episode)
         if report.finished:
             self.finished_workers.add(report.worker)
             if self.hang_watch is not None:
-                self.hang_watch.last_heard.pop(f"rollout_worker_{report.worker}", None)  # idle from now on
+                self.hang_watch.last_heard.pop(component, None)  # idle from now on
 
     def on_inference_report(self, report) -> None:
+        if self.respawner is not None:
+            self.respawner.heard_from(f"inference_worker_{report.worker}")
         if self.hang_watch is not None and len(self.finished_workers) < self.cfg.sampler.num_workers:
             self.hang_watch.heard_from(f"inference_worker_{report.worker}")
 
@@ -88,6 +120,8 @@ class EvalRunner(Component):
                 terminate_processes(self.processes)
                 self.event_loop.stop()
             return
+        if self.respawner is not None and not self.interrupts:
+            self.respawner.chaos_victim(self.processes)
         if len(self.finished_workers) == self.cfg.sampler.num_workers:
             self._stop_all()
         elif starting := self._starting_when_every_episode_is_played():
@@ -97,12 +131,73 @@ class EvalRunner(Component):
             self._stop_all()
         elif self.interrupts:
             self._stop_all("interrupted by a signal")
-        elif dead := [p for p in self.processes if not p.is_alive()]:
-            self._stop_all("process died: " + ", ".join(f"{p.name} (exit code {p.exitcode})" for p in dead))
+        elif dead := [p for p in self.processes if not p.is_alive() and not self._pausing(p)]:
+            self._dead(dead)
         elif self.hang_watch is not None and (hung := self.hang_watch.hung()):
-            self._stop_hung(hung, self.hang_watch.describe(hung), "--hang_timeout_sec")
+            self._hung(hung, self.hang_watch.describe(hung), "--hang_timeout_sec")
         elif self.hang_watch is not None and (starting := self.hang_watch.startup_hung(self.processes)):
-            self._stop_hung(*starting, "--startup_timeout_sec")
+            self._hung(*starting, "--startup_timeout_sec")
+
+    def _pausing(self, process: EngineProcess) -> bool:
+        return self.hang_watch is not None and respawn_paused(process, self.hang_watch.up_since)
+
+    def _refusal(self, component: str) -> str | None:
+        """Why ``component`` is not respawned, or None if it is."""
+        if self.respawner is None:
+            return "respawning needs worker processes"
+        return self.respawner.refusal(component)
+
+    def _dead(self, dead: list[EngineProcess]) -> None:
+        """Respawn dead workers; one past --max_respawns stops the evaluation with what it has."""
+        for process in dead:
+            component = process.name.removesuffix("_process")
+            refusal = self._refusal(component)
+            if refusal is not None:
+                log.error("%s died (exit code %s); %s; ending the evaluation", component, process.exitcode, refusal)
+                self._stop_all(f"process died: {process.name} (exit code {process.exitcode})")
+                return
+            log.error("%s died (exit code %s); respawning it", component, process.exitcode)
+            if not self._respawn(process):
+                return
+
+    def _hung(self, component: str, description: str, option: str) -> None:
+        """Print the hung worker's stack, then respawn it; past --max_respawns, end it at once (it would read no
+        stop) and stop the evaluation with what it has."""
+        process = next(p for p in self.processes if p.name == f"{component}_process")
+        print_stack(process)
+        refusal = self._refusal(component)
+        if refusal is None:
+            log.error("%s (hung?); its stack is above; respawning it (%s)", description, option)
+            self._respawn(process)
+            return
+        log.error("%s (hung?); its stack is above; %s; ending the evaluation (%s)", description, refusal, option)
+        end_hung_worker(process, self.processes, self.hang_watch)
+        self._stop_all(f"hung: {description} ({option})")
+
+    def _respawn(self, process: EngineProcess) -> bool:
+        """Replace a dead or hung worker; a rollout worker's unreported episodes are handed out again first, once
+        it can draw no more. False if it could not be respawned (the evaluation stops)."""
+        component = process.name.removesuffix("_process")
+        self.hang_watch.forget(component)
+        if component.startswith("rollout_worker_"):
+            worker = int(component.rsplit("_", 1)[1])
+            process.kill()
+            process.join(10.0)
+            self.finished_workers.discard(worker)
+            again = self.queue.hand_out_again(worker, self.reported)
+            if again:
+                shown = ", ".join(f"({e.task}, {e.init_state})" for e in again[:8])
+                more = f" and {len(again) - 8} more" if len(again) > 8 else ""
+                log.info("%s: %d episodes handed out again: %s%s", component, len(again), shown, more)
+        try:
+            self.respawner.respawn(process, self.processes)
+        except InboxLockHeld as error:
+            log.error("%s cannot be respawned: %s; ending the evaluation", component, error)
+            self._stop_all(f"respawn failed: {component}")
+            return False
+        if component.startswith("inference_worker_"):
+            self.inference_respawned.emit(int(component.rsplit("_", 1)[1]))
+        return True
 
     def _starting_when_every_episode_is_played(self) -> list[EngineProcess]:
         """Workers still in their start-up (they hold no episode) once every episode was played by the others, which
@@ -113,15 +208,6 @@ class EvalRunner(Component):
         starting = [p for p in workers if p.name.removesuffix("_process") not in self.hang_watch.up_since]
         finished = {f"rollout_worker_{w}_process" for w in self.finished_workers}
         return starting if all(p in starting or p.name in finished for p in workers) else []
-
-    def _stop_hung(self, component: str, description: str, option: str) -> None:
-        """An evaluation does not respawn: the hung worker's stack is printed, it is ended at once (it would read no
-        stop), and the evaluation stops with what it has."""
-        process = next(p for p in self.processes if p.name == f"{component}_process")
-        print_stack(process)
-        log.error("%s (hung?); its stack is above; ending the evaluation (%s)", description, option)
-        end_hung_worker(process, self.processes, self.hang_watch)
-        self._stop_all(f"hung: {description} ({option})")
 
     def _stop_all(self, error: str | None = None) -> None:
         self.error = error
@@ -149,6 +235,7 @@ def connect_evaluation(runner: EvalRunner, workers: list, inference_workers: lis
     connect_inference(workers, inference_workers)
     for worker in workers:
         worker.report.connect(runner.on_worker_report)
+        runner.inference_respawned.connect(worker.on_inference_respawned)
     for inference in inference_workers:
         inference.report.connect(runner.on_inference_report)
     for component in (*workers, *inference_workers):
@@ -182,7 +269,7 @@ def run_evaluation(
     serial = cfg.sampler.serial_mode
     runner_loop = EngineEventLoop("eval_runner_evt_loop", serial_mode=serial)
     hang_watch = None if serial else HangWatch(cfg, buffers.splits)
-    runner = EvalRunner(runner_loop, cfg, len(episodes), hang_watch, leads)
+    runner = EvalRunner(runner_loop, cfg, queue, hang_watch, leads)
     runner_loop.start.connect(runner.on_start)
     processes: list[EngineProcess] = []
     loop_for = component_loops(
@@ -212,5 +299,15 @@ def run_evaluation(
     ]
     connect_evaluation(runner, workers, inference_workers)
     runner.processes = processes
+    if not serial:
+        inboxes = [p.event_loop.signal_queue for p in processes] + [runner_loop.signal_queue]
+        runner.respawner = Respawner(cfg, buffers, None, inboxes)
     run_until_stopped(runner, runner_loop, processes)
+    if runner.respawner is not None and runner.respawner.stats.total:
+        respawns = ", ".join(f"{name} {count}x" for name, count in sorted(runner.respawner.stats.respawns.items()))
+        log.warning(
+            "workers respawned during the evaluation: %s; %d episodes came in twice and were counted once",
+            respawns,
+            runner.repeats,
+        )
     return runner.episodes, runner.error

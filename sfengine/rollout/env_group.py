@@ -42,7 +42,7 @@ class EpisodeStart(NamedTuple):
     options: dict[str, Any] | None = None
     task: int = SINGLE_TASK
     init_state: int = -1  # multi-task: the init state; a single-task evaluation: the episode's seed
-    position: int = -1  # the episode's position in the task sequence (group advantages)
+    position: int = -1  # the episode's position in the task sequence (group advantages) or the evaluation's queue
     video: bool = False
 
 
@@ -104,20 +104,20 @@ def evaluation_start(episode: EvalEpisode | None, default_seed: int | None) -> E
     if episode is None:
         return None
     if episode.task == SINGLE_TASK:
-        return EpisodeStart(episode.init_state, None, SINGLE_TASK, episode.init_state, -1, episode.video)
+        return EpisodeStart(episode.init_state, None, SINGLE_TASK, episode.init_state, episode.position, episode.video)
     options = {"task": episode.task, "init_state": episode.init_state}
-    return EpisodeStart(default_seed, options, episode.task, episode.init_state, -1, episode.video)
+    return EpisodeStart(default_seed, options, episode.task, episode.init_state, episode.position, episode.video)
 
 
 class QueueSource(EpisodeSource):
-    """An evaluation's workers: the shared queue's next episode; each env keeps to its task while it has episodes
-    left (one simulator a task)."""
+    """An evaluation's workers: the shared queue's next episode, drawn in the name of rollout worker ``worker`` (what
+    a respawn hands out again); each env keeps to its task while it has episodes left (one simulator a task)."""
 
-    def __init__(self, queue: SharedEpisodeQueue):
-        self.queue = queue
+    def __init__(self, queue: SharedEpisodeQueue, worker: int):
+        self.queue, self.worker = queue, worker
 
     def next(self, env: int, task: int, default_seed: int | None) -> EpisodeStart | None:
-        return evaluation_start(self.queue.next(task), default_seed)
+        return evaluation_start(self.queue.next(task, self.worker), default_seed)
 
     def record(self, task: int, success: bool) -> None:
         self.queue.record(task, success)
@@ -289,6 +289,7 @@ class EnvGroup:
             float(success),
             int(self.tasks[i]),
             int(self.init_states[i]),
+            int(self.positions[i]),
         )
         self.finished.append(episode)
         if i in self.videos:

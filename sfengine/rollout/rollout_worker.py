@@ -197,7 +197,7 @@ class RolloutWorker(Component):
         if self.task_sequence is None:
             return SeedSource()
         if self.evaluation is not None:
-            return QueueSource(self.task_sequence)
+            return QueueSource(self.task_sequence, self.worker)
         arrays = {"assignments": self.assignments_np, "positions": self.positions_np, "drawing": self.drawing_np}
         return SequenceSource(self.task_sequence, row, arrays, self.cfg.env.seed)
 

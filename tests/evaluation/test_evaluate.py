@@ -231,7 +231,8 @@ def test_an_evaluation_drops_the_training_runs_tasks_and_layout_but_keeps_what_i
 
 
 # A user script that evaluates with an env whose rollout worker 1 never finishes its start-up, as a simulator
-# deadlocked there would: in building its env (it holds no episode yet) or in the env's first reset (it has drawn one).
+# deadlocked there would: in building its env (it holds no episode yet) or in the env's first reset (it has drawn one),
+# every time, or only in the first process (HANG_IN=first_reset: a flaky simulator that a fresh process gets past).
 STARTUP_HANG_SCRIPT = """
 import os
 import sys
@@ -246,7 +247,10 @@ from sfengine_envs.multitask_toy import make_multitask_toy
 
 class HangsInReset(gym.Wrapper):
     def reset(self, **kwargs):
-        time.sleep(100_000)
+        if os.environ["HANG_IN"] == "reset" or not os.path.exists(os.environ["HUNG_ONCE"]):
+            open(os.environ["HUNG_ONCE"], "w").close()
+            time.sleep(100_000)
+        return self.env.reset(**kwargs)
 
 
 def make_toy_stuck_in_worker_1(ctx):
@@ -263,35 +267,72 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("hang_in", ["build", "reset"])
+@pytest.mark.parametrize("hang_in", ["build", "reset", "first_reset"])
 @pytest.mark.slow
-def test_a_worker_hung_in_its_start_up_is_ended_and_the_evaluation_says_what_it_cost(
+def test_a_worker_hung_in_its_start_up_is_respawned_or_ended_and_the_evaluation_says_what_it_cost(
     toy_run, tmp_path, monkeypatch, hang_in
 ):
     # An evaluation waits for every worker to finish its share: without the start-up watch it would never end.
     # Stuck building its env, worker 1 holds no episode, and the evaluation is complete once worker 0 has played
-    # them all; stuck in a reset, it holds one, and the evaluation ends with what it has, exit code 1.
+    # them all. Stuck in a reset, it holds one: it is respawned and its episode handed out again; past --max_respawns
+    # it is ended, and the evaluation ends with what it has, exit code 1.
     shm_before = shm_entries()
     script = tmp_path / "stuck.py"
     script.write_text(STARTUP_HANG_SCRIPT)
     monkeypatch.setenv("HANG_IN", hang_in)
-    args = ["--env=toy_stuck_in_worker_1", "--num_workers=2", "--startup_timeout_sec=3"]
+    monkeypatch.setenv("HUNG_ONCE", str(tmp_path / "hung_once"))
+    # Past --max_respawns (0 here: a respawned one would find the episodes all played) the hung worker is ended.
+    respawns = 0 if hang_in == "reset" else 1
+    args = ["--env=toy_stuck_in_worker_1", "--num_workers=2", "--startup_timeout_sec=3", f"--max_respawns={respawns}"]
     result = evaluate(f"--train_dir={toy_run}", "--experiment=toy", *args, script=script, timeout=180)
     results = json.loads((only_eval_dir(toy_run, "toy") / "results.json").read_text())
     played = results["overall"]["episodes"]
-    assert results["complete"] == (hang_in == "build")
+    assert results["complete"] == (hang_in != "reset")
     if hang_in == "build":
         assert result.returncode == 0, result.stderr[-3000:]
         assert "rollout_worker_1 still in its start-up when every episode had been played; ending it" in result.stderr
-        assert played == NUM_TASKS * NUM_INIT_STATES
+    elif hang_in == "first_reset":
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "in its start-up after" in result.stderr and "respawning it (--startup_timeout_sec)" in result.stderr
+        assert "rollout_worker_1: 1 episodes handed out again" in result.stderr
+        pairs = Counter(Assignment(row["task_index"], row["init_state"]) for row in results["episodes"])
+        assert pairs == Counter(ALL_PAIRS)  # the one it held was played by another process, once
     else:
         assert result.returncode == 1, result.stderr[-3000:]
+        assert "respawning is off (--max_respawns=0); ending the evaluation" in result.stderr
         error = next(line for line in result.stderr.splitlines() if "did not complete" in line)
         assert "hung: rollout_worker_1 is still in its start-up after" in error, error
         assert "(--startup_timeout_sec); the same command with --resume plays only the missing" in error, error
         assert "in reset" in result.stderr  # the hung worker's own stack
         assert "did not stop within" not in result.stderr  # ended at once, not after the stop's minute
-        assert played == NUM_TASKS * NUM_INIT_STATES - 1  # the episode it had drawn is missing
+    # The episode held by a worker ended as hung is missing; one held by a worker respawned was played.
+    assert played == NUM_TASKS * NUM_INIT_STATES - (hang_in == "reset")
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    assert leaked_shm(shm_before) == set()
+
+
+@pytest.mark.slow
+def test_workers_killed_during_an_evaluation_are_respawned_and_every_episode_counts_once(toy_run, tmp_path):
+    # A rollout or inference worker SIGKILLed every second (a simulator's segfault, the OOM killer): each is
+    # respawned, the episodes a dead rollout worker held are played again, and the results hold each exactly once.
+    shm_before = shm_entries()
+    script, logs = tmp_path / "recorded.py", tmp_path / "logs"
+    write_recording_script(script, logs, module="evaluate")
+    args = [f"--train_dir={toy_run}", "--experiment=toy", "--env=recorded_toy", "--episodes_per_init=10"]
+    args += ["--num_workers=2", "--num_envs_per_worker=4", "--chaos_kill_every_sec=1", "--report_every_sec=0.5"]
+    slowed = {**os.environ, "RECORDED_STEP_SEC": "0.01"}
+    result = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, env=slowed
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    kills = result.stderr.count("chaos: SIGKILL to rollout_worker_")
+    assert kills >= 2 and "episodes handed out again" in result.stderr, result.stderr[-3000:]
+    every = Counter({pair: 10 for pair in ALL_PAIRS})
+    results = json.loads((only_eval_dir(toy_run, "toy") / "results.json").read_text())
+    assert results["complete"] and results["overall"]["episodes"] == 200
+    assert Counter(Assignment(row["task_index"], row["init_state"]) for row in results["episodes"]) == every
+    replayed = received_assignments(logs, "*.ended") - every
+    assert sum(replayed.values()) >= 1  # killed ones were played to the end again (some reported just before)
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     assert leaked_shm(shm_before) == set()
 
