@@ -2,6 +2,7 @@
 
     python -m benchmarks.evaluation                                  # libero_spatial, all 500 (task, init) pairs
     python -m benchmarks.evaluation --tasks=0,1 --init_states=3      # a quick subset
+    python -m benchmarks.evaluation --chaos_kill_every_sec=30         # and again with a worker killed every 30 s
 
 Both rows play the same deterministic policy (one checkpoint, actions from the distribution's mode) on the same
 (task, init state) pairs, with the same env class and reset protocol, so their per-task results are comparable:
@@ -10,6 +11,9 @@ Both rows play the same deterministic policy (one checkpoint, actions from the d
   from the machine, one inference worker), timed from the command to its exit.
 - ``single loop``: one env in one process, task by task, each episode stepped to its end before the next, one
   forward per step: how published LIBERO evaluation scripts run.
+- with ``--chaos_kill_every_sec=N``, ``sfengine under chaos``: ``sfengine.evaluate`` again, a random rollout or
+  inference worker SIGKILLed every N seconds: what the respawns cost in wall time, and whether every pair's outcome
+  and length are still those of the clean run.
 
 The policy is an untrained network (the benchmark is about time; any policy will do), so nearly every episode
 runs to the suite's step limit, the slowest case. Writes ``<out>/evaluation_<suite>.json``.
@@ -51,12 +55,20 @@ def run_sfengine(checkpoint: Path, narrowing: list[str]) -> dict:
     command = [sys.executable, "-m", "sfengine.evaluate", f"--checkpoint={checkpoint}", *narrowing]
     print(" ".join(command), flush=True)
     started = time.time()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    run = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.time() - started
+    if run.returncode:
+        sys.exit(f"sfengine.evaluate exited with {run.returncode}:\n{run.stderr[-3000:]}")
     (eval_dir,) = (checkpoint.parent.parent / "eval").iterdir()
     results = json.loads((eval_dir / "results.json").read_text())
     outcomes = {(e["task_index"], e["init_state"]): (e["success"], e["length"]) for e in results["episodes"]}
-    return {"wall_sec": round(wall, 1), "evaluate_wall_sec": results["wall_sec"], "outcomes": outcomes}
+    return {
+        "wall_sec": round(wall, 1),
+        "evaluate_wall_sec": results["wall_sec"],
+        "outcomes": outcomes,
+        "episodes": len(results["episodes"]),
+        "kills": run.stderr.count("chaos: SIGKILL to"),
+    }
 
 
 def run_single_loop(suite: str, checkpoint: Path, tasks: list[int], init_states: int) -> dict:
@@ -99,6 +111,9 @@ def main() -> None:
     parser.add_argument("--tasks", default="", help="task indices (default: every task)")
     parser.add_argument("--init_states", type=int, default=0, help="first N init states of each task (0: all)")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument(
+        "--chaos_kill_every_sec", type=float, default=0, help="also run sfengine.evaluate with this fault injection"
+    )
     args = parser.parse_args()
     tasks = [int(t) for t in args.tasks.split(",") if t]
     narrowing = [f"--eval_tasks={args.tasks}"] if tasks else []
@@ -109,6 +124,9 @@ def main() -> None:
         print(f"single loop: {single['wall_sec']} s", flush=True)
         engine = run_sfengine(checkpoint, narrowing)
         print(f"sfengine.evaluate: {engine['wall_sec']} s", flush=True)
+        if args.chaos_kill_every_sec:
+            chaos = run_sfengine(checkpoint, [*narrowing, f"--chaos_kill_every_sec={args.chaos_kill_every_sec:g}"])
+            print(f"sfengine.evaluate under chaos: {chaos['wall_sec']} s, {chaos['kills']} kills", flush=True)
     same_pairs = set(engine["outcomes"]) == set(single["outcomes"])
     identical = sum(engine["outcomes"][pair] == single["outcomes"][pair] for pair in single["outcomes"])
     record = {
@@ -123,6 +141,17 @@ def main() -> None:
         "per_task_success_single_loop": per_task_success(single["outcomes"]),
         "per_task_success_sfengine": per_task_success(engine["outcomes"]),
     }
+    if args.chaos_kill_every_sec:
+        record["chaos"] = {
+            "kill_every_sec": args.chaos_kill_every_sec,
+            "kills": chaos["kills"],
+            "wall_sec": chaos["wall_sec"],
+            "wall_over_clean": round(chaos["wall_sec"] / engine["wall_sec"], 2),
+            "episodes": chaos["episodes"],  # each pair once: a repeat would make this larger
+            "same_outcome_and_length_as_clean": sum(
+                chaos["outcomes"].get(pair) == outcome for pair, outcome in engine["outcomes"].items()
+            ),
+        }
     out = Path(args.out) / f"evaluation_{args.suite}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))

@@ -241,21 +241,6 @@ def main(argv: list[str] | None = None) -> int:
             + f"\n  results: {out_dir}",
             flush=True,
         )
-    started = time.time()
-    finished, error = [], None
-    if episodes:  # a resumed rank may have nothing left of its share
-        finished, error = run_evaluation(
-            cfg, factory, obs_spec, action_spec, model, int(state["policy_version"]), episodes, output, ranks.rank == 0
-        )
-    wall = time.time() - started + wall_before
-    if error is None and len(finished) != len(episodes):
-        error = f"{len(finished)} episodes finished of {len(episodes)}"
-    finished = kept + gather_episodes(finished, ranks)
-    if ranks.rank != 0:
-        return 0 if error is None else 1
-    report = EvalReport(
-        finished, tasks.task_names if tasks else None, tasks.instructions if tasks else None, cfg.env.env
-    )
     expected = sum(pairs) * options.episodes_per_init if tasks else ev.eval_episodes
     settings = {
         "checkpoint": str(checkpoint),
@@ -265,10 +250,51 @@ def main(argv: list[str] | None = None) -> int:
         "deterministic": ev.eval_deterministic,
         "episodes_per_init": options.episodes_per_init if tasks else None,
         "expected_episodes": expected,
-        "complete": error is None and len(finished) == expected,
         "world_size": ranks.world_size,
-        "wall_sec": round(wall, 2),
     }
+    started = time.time()
+
+    def report_of(finished: list[EpisodeStats]) -> EvalReport:
+        return EvalReport(
+            finished, tasks.task_names if tasks else None, tasks.instructions if tasks else None, cfg.env.env
+        )
+
+    progress_failures = []
+
+    def write_progress(played: list[EpisodeStats]) -> None:
+        """The results so far, rewritten at each progress line: what a killed evaluation leaves for --resume. A
+        failed write (a full disk) is said once and the evaluation goes on: its end tries again."""
+        wall_so_far = round(time.time() - started + wall_before, 2)
+        try:
+            report_of(kept + played).write(out_dir, {**settings, "complete": False, "wall_sec": wall_so_far})
+        except OSError as exc:
+            if not progress_failures:
+                print(f"sfengine.evaluate: the results so far could not be written ({exc}); going on", file=sys.stderr)
+            progress_failures.append(exc)
+
+    finished, error = [], None
+    if episodes:  # a resumed rank may have nothing left of its share
+        finished, error = run_evaluation(
+            cfg,
+            factory,
+            obs_spec,
+            action_spec,
+            model,
+            int(state["policy_version"]),
+            episodes,
+            output,
+            ranks.rank == 0,
+            # One rank only: the others' episodes reach rank 0 at the end.
+            write_progress if ranks.world_size == 1 else None,
+        )
+    wall = time.time() - started + wall_before
+    if error is None and len(finished) != len(episodes):
+        error = f"{len(finished)} episodes finished of {len(episodes)}"
+    finished = kept + gather_episodes(finished, ranks)
+    if ranks.rank != 0:
+        return 0 if error is None else 1
+    report = report_of(finished)
+    settings |= {"complete": error is None and len(finished) == expected, "wall_sec": round(wall, 2)}
     comparison = None
     if options.compare_to:
         test = paired_test(baseline[1], {"episodes": report.rows()})

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 from signal_slot.signal_slot import signal
 
@@ -76,6 +77,10 @@ class EvalRunner(Component):
         self.stopping_since = 0.0
         self.interrupts = 0
         self.started = time.time()
+        # Called with the episodes so far at each progress line that has new ones (a single-rank evaluation
+        # rewrites its results.json there, so that a kill of this process leaves them for --resume).
+        self.progress: Callable[[list[EpisodeStats]], None] | None = None
+        self.episodes_written = 0
 
     @signal
     def stop(self): ...
@@ -216,6 +221,9 @@ class EvalRunner(Component):
         self.stop.emit()  # in serial mode the loop stops at the next tick, once the components have closed
 
     def _status(self) -> None:
+        if self.progress is not None and len(self.episodes) > self.episodes_written and not self.stopping_since:
+            self.episodes_written = len(self.episodes)
+            self.progress(self.episodes)
         if not self.leads:
             return
         done, total = len(self.episodes), self.num_episodes
@@ -253,9 +261,11 @@ def run_evaluation(
     episodes: list[EvalEpisode],
     output: EvalOutput,
     leads: bool = True,
+    progress: Callable[[list[EpisodeStats]], None] | None = None,
 ) -> tuple[list[EpisodeStats], str | None]:
     """Run ``episodes`` with ``model``'s policy; return the finished episodes and the error that cut the
-    evaluation short (None when every episode ran)."""
+    evaluation short (None when every episode ran). ``progress`` is given the episodes so far at each progress line
+    that has new ones."""
     from sfengine.rollout.rollout_worker import RolloutWorker
 
     # Every episode is played with the one policy as soon as an env is free: never wait for a learner.
@@ -270,6 +280,7 @@ def run_evaluation(
     runner_loop = EngineEventLoop("eval_runner_evt_loop", serial_mode=serial)
     hang_watch = None if serial else HangWatch(cfg, buffers.splits)
     runner = EvalRunner(runner_loop, cfg, queue, hang_watch, leads)
+    runner.progress = progress
     runner_loop.start.connect(runner.on_start)
     processes: list[EngineProcess] = []
     loop_for = component_loops(
