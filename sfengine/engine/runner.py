@@ -151,6 +151,8 @@ class Runner(Supervision, Reporting, Component):
         self.request_stop(reason, exit_code=1)
 
     def on_evaluator_report(self, report: EvaluatorReport) -> None:
+        if self.respawner is not None:
+            self.respawner.heard_from("evaluator")
         self.stats.add_evaluator_report(report)
         self.final_evaluation.heard(report)
 

@@ -58,12 +58,17 @@ def end_hung_worker(process: EngineProcess, processes: list[EngineProcess], hang
         hang_watch.forget(victim.name.removesuffix("_process"))
 
 
+# The processes a run replaces when they die: the workers, and the training evaluator (its evaluation under way is
+# lost; training never waits for it).
+RESPAWNED = ("rollout_worker_", "inference_worker_", EVALUATOR_PROCESS.removesuffix("_process"))
+
+
 def respawn_paused(process: EngineProcess, reported: Collection[str]) -> bool:
     """A worker that died before its first report (not in ``reported``), within RESPAWN_PAUSE_SEC of its start:
     respawned later."""
     component = process.name.removesuffix("_process")
     young = time.monotonic() - getattr(process, "started_at", 0.0) < RESPAWN_PAUSE_SEC
-    return young and component not in reported and component.startswith(("rollout_worker_", "inference_worker_"))
+    return young and component not in reported and component.startswith(RESPAWNED)
 
 
 class Supervision:
@@ -157,12 +162,14 @@ class Supervision:
         return respawn_paused(process, self.reported)
 
     def _dead(self, dead: list[EngineProcess]) -> None:
-        """Respawn dead rollout and inference workers; any other death, or one past --max_respawns, stops the run."""
+        """Respawn dead rollout and inference workers and the training evaluator; any other death, or one past
+        --max_respawns, stops the run."""
         for process in dead:
             component = process.name.removesuffix("_process")
             refusal = self._respawn_refusal(component)
             if refusal is None:
-                log.error("%s died (exit code %s); respawning it", component, process.exitcode)
+                lost = "; the evaluation under way is lost" if process.name == EVALUATOR_PROCESS else ""
+                log.error("%s died (exit code %s); respawning it%s", component, process.exitcode, lost)
                 self._respawn(process)
                 continue
             self.learner_end_said |= process.name == "learner_process"
@@ -177,8 +184,8 @@ class Supervision:
 
     def _respawn_refusal(self, component: str) -> str | None:
         """Why ``component`` is not respawned, or None if it is."""
-        if not component.startswith(("rollout_worker_", "inference_worker_")):
-            return "only rollout and inference workers are respawned"
+        if not component.startswith(RESPAWNED):
+            return "only rollout and inference workers and the evaluator are respawned"
         if self.respawner is None:
             return "respawning needs worker processes"
         return self.respawner.refusal(component)

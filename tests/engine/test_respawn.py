@@ -92,6 +92,7 @@ def kill_and_wait_for_successor(process: subprocess.Popen, name: str) -> tuple[i
         ("sfe-rollout-1", "--num_inference_workers=1"),
         ("sfe-inference-0", "--num_inference_workers=1"),
         ("sfe-rollout-1", "--num_inference_workers=0"),  # a worker that acts itself: its successor acts too
+        ("sfe-evaluator", "--eval_every_env_steps=20000"),  # a side job: its death must not end the training
     ],
 )
 @pytest.mark.slow
@@ -104,13 +105,16 @@ def test_a_killed_worker_is_respawned_and_the_run_finishes_its_env_steps(train_d
     output = process.communicate(timeout=240)[0]
     assert process.returncode == 0, output[-3000:]
     summary = read_summary(train_dir, "killed")
-    expected = "rollout_worker_1" if "rollout" in name else "inference_worker_0"
+    expected = {"rollout": "rollout_worker_1", "inference": "inference_worker_0", "evaluator": "evaluator"}
+    expected = expected[name.split("-")[1]]
     assert summary["respawns"] == {expected: 1}
     assert summary["env_steps"] >= 150000 and summary["stop_reason"].startswith("reached")
     assert f"{expected} died (exit code -9); respawning it" in output
-    assert summary["respawn_seconds_lost"] > 0
     if "rollout" in name:
         assert summary["respawn_dropped_trajectories"] == 4  # the rollouts of its 4 envs in flight
+    assert summary["respawn_seconds_lost"] > 0
+    if "evaluator" in name:  # its successor evaluates: the final weights at least
+        assert summary["eval"][-1]["final"] and summary["eval"][-1]["env_steps"] >= 150000
     assert_nothing_left(seen, shm_before)
 
 
