@@ -151,6 +151,9 @@ class Runner(Supervision, Reporting, Component):
         self.request_stop(reason, exit_code=1)
 
     def on_evaluator_report(self, report: EvaluatorReport) -> None:
+        # Watched as a worker is: one stuck in its env's step (it reports from its loop) is respawned.
+        if self.hang_watch is not None:
+            self.hang_watch.heard_from("evaluator")
         if self.respawner is not None:
             self.respawner.heard_from("evaluator")
         self.stats.add_evaluator_report(report)

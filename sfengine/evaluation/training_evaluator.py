@@ -59,6 +59,10 @@ class TrainingEvaluator(Component):
         self.evaluations = 0
         self.stopped = False
         self.final = False  # the evaluation under way is the end-of-run one
+        self.started = False
+        # A request read before its start (a respawned evaluator reads what was sent to its predecessor first):
+        # (env steps, final), played once it has started.
+        self.early_request: tuple[int, bool] | None = None
 
     @signal
     def evaluation_done(self): ...
@@ -82,12 +86,20 @@ class TrainingEvaluator(Component):
         self.step_timer.timeout.connect(self._play)
         self.report_timer = Timer(self.event_loop, 1.0)
         self.report_timer.timeout.connect(self._send_report)
+        self.started = True
+        if self.early_request is not None:
+            env_steps, final = self.early_request
+            (self.on_evaluate_final if final else self.on_evaluate)(env_steps)
 
     def _playing(self) -> bool:
         return bool(self.source.pending) or bool(self.group.active.any())
 
     def on_evaluate(self, env_steps: int) -> None:
         """Start an evaluation of the weights published now, unless one is running."""
+        if not self.started:
+            if self.early_request is None:
+                self.early_request = (env_steps, False)
+            return
         if self._playing() or self.stopped:
             return
         self.final = False
@@ -96,6 +108,9 @@ class TrainingEvaluator(Component):
     def on_evaluate_final(self, env_steps: int) -> None:
         """Evaluate the final weights (the learner has ended): an evaluation under way, of older weights, is
         dropped."""
+        if not self.started:
+            self.early_request = (env_steps, True)
+            return
         if self.stopped:
             return
         self.final = True

@@ -714,6 +714,28 @@ def test_hang_timeout_zero_lets_a_long_silence_pass(tmp_path, train_dir):
 
 
 @pytest.mark.slow
+def test_a_hung_training_evaluator_is_respawned_and_its_successor_evaluates(train_dir):
+    # Frozen, the evaluator would leave every later evaluation dropped (one is under way), silently.
+    args = [*FAST, "--train_for_env_steps=100000000", "--train_for_seconds=25", "--hang_timeout_sec=4"]
+    args += ["--eval_every_env_steps=20000"]
+    process = start(train_command(train_dir, "frozen_eval", *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for_training(process)
+    children = psutil.Process(process.pid).children(recursive=True)
+    (evaluator,) = (c for c in children if c.name() == "sfe-evaluator")
+    evaluator.suspend()
+    frozen_at = time.time()
+    output = process.communicate(timeout=240)[0]
+    assert process.returncode == 0, output[-3000:]
+    assert "evaluator sent no report for" in output and "respawning it (--hang_timeout_sec)" in output, output[-3000:]
+    summary = read_summary(train_dir, "frozen_eval")
+    assert summary["respawns"] == {"evaluator": 1}
+    assert summary["eval"][-1]["final"]  # played by its successor
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"stray processes: {alive}"
+    assert time.time() - frozen_at < 120
+
+
+@pytest.mark.slow
 def test_a_hung_inference_worker_is_named_and_respawned_and_the_run_finishes(train_dir):
     shm_before = shm_entries()
     args = [*FAST, "--train_for_env_steps=60000", "--hang_timeout_sec=4"]
