@@ -133,6 +133,50 @@ def reached_target(summary: dict, target: str) -> bool:
     return (summary.get("stop_reason") or "").endswith(f"reached --{target}")
 
 
+# A user script whose model (--model=hangs_once) never returns from its 50th forward on the inference worker, once
+# (the marker file is the run's memory): a device call that hangs with a batch of requests in hand.
+INFERENCE_HANG_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import sys
+    import time
+
+    from sfengine import ActorCritic, register_model
+    from sfengine.{module} import main
+
+    HUNG_ONCE = {marker!r}
+
+
+    class HangsOnce(ActorCritic):
+        forwards = 0
+
+        def act(self, obs, deterministic=False):
+            HangsOnce.forwards += 1
+            if HangsOnce.forwards == 50 and not os.path.exists(HUNG_ONCE):
+                with open("/proc/self/comm") as comm:
+                    if comm.read().strip() == "sfe-inference-0":
+                        open(HUNG_ONCE, "w").close()
+                        time.sleep(100_000)
+            return super().act(obs, deterministic)
+
+
+    def make_hangs_once(cfg, obs_spec, action_spec):
+        return HangsOnce(obs_spec, action_spec, cfg.model, critic=cfg.needs_critic)
+
+
+    register_model("hangs_once", make_hangs_once)
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def write_inference_hang_script(script: Path, marker: Path, module: str = "train") -> None:
+    """INFERENCE_HANG_SCRIPT running ``sfengine.<module>``, its hang marked by ``marker``."""
+    script.write_text(INFERENCE_HANG_SCRIPT.format(marker=str(marker), module=module))
+
+
 def write_recording_script(script: Path, log_dir: Path, module: str = "train") -> None:
     """A user script that runs ``sfengine.<module>`` with an env ``recorded_toy`` (multitask_toy) that logs every
     assignment it receives, and every episode it ends, to log_dir."""

@@ -31,6 +31,7 @@ from helpers import (
     start,
     train_command,
     wait_for_training,
+    write_inference_hang_script,
     write_recording_script,
 )
 from sfengine.config import Config
@@ -116,6 +117,29 @@ def test_a_killed_worker_is_respawned_and_the_run_finishes_its_env_steps(train_d
     if "evaluator" in name:  # its successor evaluates: the final weights at least
         assert summary["eval"][-1]["final"] and summary["eval"][-1]["env_steps"] >= 150000
     assert_nothing_left(seen, shm_before)
+
+
+@pytest.mark.slow
+def test_an_inference_worker_hung_with_requests_in_hand_is_replaced_and_they_are_asked_again(tmp_path, train_dir):
+    # One rollout worker with one split: the request its hung inference worker held is all it waits on, so unless it
+    # asks the successor again the run makes no step more.
+    shm_before = shm_entries()
+    script = tmp_path / "hangs_once.py"
+    write_inference_hang_script(script, tmp_path / "hung_once")
+    args = ["--model=hangs_once", "--env=CartPole-v1", "--num_workers=1", "--worker_num_splits=1"]
+    args += ["--num_envs_per_worker=4", "--hang_timeout_sec=3", "--train_for_env_steps=20000"]
+    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=asked_again", *args]
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    children = []
+    while not children and process.poll() is None:
+        time.sleep(0.5)
+        children = psutil.Process(process.pid).children(recursive=True)
+    output = process.communicate(timeout=180)[0]
+    assert process.returncode == 0, output[-3000:]
+    assert "inference_worker_0 sent no report for" in output and "in act" in output  # its stack, in the forward
+    summary = read_summary(train_dir, "asked_again")
+    assert summary["respawns"] == {"inference_worker_0": 1} and summary["env_steps"] >= 20000
+    assert_nothing_left(children, shm_before)
 
 
 @pytest.mark.parametrize("critic_free", [False, True])

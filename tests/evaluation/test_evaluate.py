@@ -28,6 +28,7 @@ from helpers import (
     run_train,
     shm_entries,
     start,
+    write_inference_hang_script,
     write_recording_script,
 )
 from sfengine.config import AUTO, parse_config
@@ -311,6 +312,31 @@ def test_a_worker_hung_in_its_start_up_is_respawned_or_ended_and_the_evaluation_
     assert played == NUM_TASKS * NUM_INIT_STATES - (hang_in == "reset")
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     assert leaked_shm(shm_before) == set()
+
+
+@pytest.mark.slow
+def test_an_inference_worker_hung_with_requests_in_hand_is_replaced_and_the_evaluation_completes(tmp_path):
+    # One rollout worker, one split: the request the hung inference worker held is all it waits on; its successor
+    # must be asked again, or the evaluation never ends.
+    train_script, eval_script = tmp_path / "train_hangs_once.py", tmp_path / "evaluate_hangs_once.py"
+    trained_marker, marker = tmp_path / "not_while_training", tmp_path / "hung_once"
+    trained_marker.touch()
+    write_inference_hang_script(train_script, trained_marker)
+    write_inference_hang_script(eval_script, marker, module="evaluate")
+    train_dir, model = tmp_path / "train_dir", "--model=hangs_once"
+    command = [sys.executable, str(train_script), f"--train_dir={train_dir}", "--experiment=hangs", model]
+    trained = subprocess.run(
+        [*command, "--env=CartPole-v1", "--train_for_env_steps=4096", "--num_workers=1"], capture_output=True, text=True
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    layout = ["--num_workers=1", "--worker_num_splits=1", "--num_envs_per_worker=4", "--eval_episodes=12"]
+    args = [f"--train_dir={train_dir}", "--experiment=hangs", *layout, "--hang_timeout_sec=3"]
+    result = evaluate(*args, script=eval_script, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert marker.exists() and "inference_worker_0 sent no report for" in result.stderr
+    assert "workers respawned during the evaluation: inference_worker_0 1x" in result.stderr
+    results = json.loads((only_eval_dir(train_dir, "hangs") / "results.json").read_text())
+    assert results["complete"] and sorted(row["init_state"] for row in results["episodes"]) == list(range(12))
 
 
 @pytest.mark.slow
