@@ -259,18 +259,19 @@ def main(argv: list[str] | None = None) -> int:
             finished, tasks.task_names if tasks else None, tasks.instructions if tasks else None, cfg.env.env
         )
 
-    progress_failures = []
+    progress_failed = False
 
     def write_progress(played: list[EpisodeStats]) -> None:
         """The results so far, rewritten at each progress line: what a killed evaluation leaves for --resume. A
         failed write (a full disk) is said once and the evaluation goes on: its end tries again."""
+        nonlocal progress_failed
         wall_so_far = round(time.time() - started + wall_before, 2)
         try:
             report_of(kept + played).write(out_dir, {**settings, "complete": False, "wall_sec": wall_so_far})
         except OSError as exc:
-            if not progress_failures:
+            if not progress_failed:
                 print(f"sfengine.evaluate: the results so far could not be written ({exc}); going on", file=sys.stderr)
-            progress_failures.append(exc)
+            progress_failed = True
 
     finished, error = [], None
     if episodes:  # a resumed rank may have nothing left of its share

@@ -1,9 +1,10 @@
 """Continuing an evaluation that was cut short: ``sfengine.evaluate ... --resume``.
 
 An evaluation stopped by Ctrl-C, a job's time limit, or a worker past ``--max_respawns`` writes the episodes that
-finished, with ``"complete": false`` (sfengine.evaluate); a single-rank one also rewrites its results.json so at each
-progress line, so that one killed outright (SIGKILL, a lost node) leaves what it had played a few seconds before. The same command with ``--resume`` plays only the episodes missing from
-it and writes the merged results, so a LIBERO evaluation of 500 episodes cut at 472 costs 28 more, not 500:
+finished, with ``"complete": false`` (sfengine.evaluate); a single-rank one also writes them at each progress line,
+so one killed outright (SIGKILL, a lost node) leaves what it had played a few seconds before. The same command with
+``--resume`` plays only the episodes missing from it and writes the merged results, so a LIBERO evaluation of 500
+episodes cut at 472 costs 28 more, not 500:
 
     results.json (472 rows, complete: false) --kept--+
     this command's episodes (500) ---- minus kept ---+--> 28 to play --> results.json (500 rows, complete: true)
