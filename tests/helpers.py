@@ -135,7 +135,7 @@ def reached_target(summary: dict, target: str) -> bool:
 
 # A user script whose model (--model=hangs_once) never returns from its 50th forward on the inference worker, once
 # (the marker file is the run's memory): a device call that hangs with a batch of requests in hand.
-INFERENCE_HANG_SCRIPT = textwrap.dedent(
+INFERENCE_FAULT_SCRIPT = textwrap.dedent(
     """
     import os
     import sys
@@ -144,37 +144,41 @@ INFERENCE_HANG_SCRIPT = textwrap.dedent(
     from sfengine import ActorCritic, register_model
     from sfengine.{module} import main
 
-    HUNG_ONCE = {marker!r}
+    FAULTED_ONCE = {marker!r}
 
+    {fault}
 
-    class HangsOnce(ActorCritic):
+    class FaultsOnce(ActorCritic):
         forwards = 0
 
         def act(self, obs, deterministic=False):
-            HangsOnce.forwards += 1
-            if HangsOnce.forwards == 50 and not os.path.exists(HUNG_ONCE):
+            FaultsOnce.forwards += 1
+            if FaultsOnce.forwards == 50 and not os.path.exists(FAULTED_ONCE):
                 with open("/proc/self/comm") as comm:
                     if comm.read().strip() == "sfe-inference-0":
-                        open(HUNG_ONCE, "w").close()
-                        time.sleep(100_000)
+                        open(FAULTED_ONCE, "w").close()
+                        fault()
             return super().act(obs, deterministic)
 
 
-    def make_hangs_once(cfg, obs_spec, action_spec):
-        return HangsOnce(obs_spec, action_spec, cfg.model, critic=cfg.needs_critic)
+    def make_faults_once(cfg, obs_spec, action_spec):
+        return FaultsOnce(obs_spec, action_spec, cfg.model, critic=cfg.needs_critic)
 
 
-    register_model("hangs_once", make_hangs_once)
+    register_model("faults_once", make_faults_once)
 
     if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     """
 )
+HANG = "def fault():\n    time.sleep(100_000)\n"
 
 
-def write_inference_hang_script(script: Path, marker: Path, module: str = "train") -> None:
-    """INFERENCE_HANG_SCRIPT running ``sfengine.<module>``, its hang marked by ``marker``."""
-    script.write_text(INFERENCE_HANG_SCRIPT.format(marker=str(marker), module=module))
+def write_inference_fault_script(script: Path, marker: Path, module: str = "train", fault: str = HANG) -> None:
+    """A user script running ``sfengine.<module>`` with a model ``faults_once``: in its 50th forward in
+    sfe-inference-0, the first time (``marker`` marks it), it calls ``fault`` (Python defining ``fault()``; by
+    default, a hang)."""
+    script.write_text(INFERENCE_FAULT_SCRIPT.format(marker=str(marker), module=module, fault=fault.strip()))
 
 
 def write_recording_script(script: Path, log_dir: Path, module: str = "train") -> None:

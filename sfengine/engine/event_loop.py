@@ -164,8 +164,9 @@ def reseed_random_streams(words: tuple[int, ...] | None) -> None:
 
 def die_with_parent(parent_pid: int | None = None) -> None:
     """Have the kernel SIGKILL this component when its parent dies (Linux): the runner, or the fork server, which
-    exits with the runner (``parent_pid``; default: the spawning process). Components ignore SIGINT and SIGTERM and wait on each other, so without this a runner
-    killed by SIGKILL or the OOM killer would leave them running forever, each spinning on its event loop."""
+    exits with the runner (``parent_pid``; default: the spawning process). Components ignore SIGINT and SIGTERM and
+    wait on each other, so without this a runner killed by SIGKILL or the OOM killer would leave them running
+    forever, each spinning on its event loop."""
     try:
         import ctypes
 

@@ -14,6 +14,7 @@ from signal_slot.signal_slot import Timer
 
 from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess
 from sfengine.engine.fork_server import stop_fork_server
+from sfengine.engine.respawn import DeadHolderWatch
 
 STOP_TIMEOUT_SEC = 60.0
 
@@ -55,21 +56,28 @@ def component_loops(
 
 def run_until_stopped(runner: Component, runner_loop: EngineEventLoop, processes: list[EngineProcess]) -> None:
     """Start the component processes and run the runner's loop until it stops; every process is gone after it,
-    whatever happened. SIGINT/SIGTERM go to ``runner.interrupts`` meanwhile (see install_signal_handlers)."""
+    whatever happened. SIGINT/SIGTERM go to ``runner.interrupts`` meanwhile (see install_signal_handlers), and a
+    DeadHolderWatch frees the inboxes a dead process left locked, the runner's respawner's inboxes, until the end."""
     previous_handlers = install_signal_handlers(runner)
+    respawner = getattr(runner, "respawner", None)
+    watch = DeadHolderWatch(respawner.inboxes) if respawner is not None else None
     try:
+        try:
+            for process in processes:
+                process.start()
+            runner_loop.exec()
+        except BaseException:
+            terminate_processes(processes)
+            raise
+        finally:
+            for signum, handler in previous_handlers.items():
+                os_signal.signal(signum, handler)
         for process in processes:
-            process.start()
-        runner_loop.exec()
-    except BaseException:
+            process.join(STOP_TIMEOUT_SEC)
         terminate_processes(processes)
-        raise
     finally:
-        for signum, handler in previous_handlers.items():
-            os_signal.signal(signum, handler)
-    for process in processes:
-        process.join(STOP_TIMEOUT_SEC)
-    terminate_processes(processes)
+        if watch is not None:
+            watch.stop()
     stop_fork_server()
 
 

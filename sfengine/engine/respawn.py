@@ -25,7 +25,11 @@ Before the new process starts, the runner releases every queue mutex the dead pr
 the dead thread's id; queue operations run on the main thread, whose id is the pid) and re-initialises its own
 inbox's condition variables, under the mutex, while no live process waits on them. The layout read here is that of
 faster-fifo 1.5 on 64-bit Linux with glibc, checked at start (``inbox_layout_known``); elsewhere respawning is off
-and a dead worker stops the run, as with ``--max_respawns=0``.
+and a dead worker stops the run, as with ``--max_respawns=0``. A lock the dead process held is released only once
+what it was doing inside is set right: a message it was writing and never finished is cut from the ring
+(``repair_ring``), and a condition variable it was signalling is unlocked (``release_condition_locks``). The
+runner's loop cannot do this for its own inbox, on which it may wait with no time limit, so a thread of the
+runner's process does it for every inbox, whatever process died (``DeadHolderWatch``).
 
 One case is left: a worker killed while it waited for room in another component's full inbox stays counted as a
 waiter there. Inboxes hold 5 MB and the messages in flight are bounded by design, so a full inbox means its
@@ -40,6 +44,8 @@ import os
 import platform
 import random
 import signal as os_signal
+import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -51,12 +57,18 @@ from sfengine.tasks.sequence import SharedTaskSequence
 
 log = logging.getLogger(__name__)
 
-# faster-fifo 1.5's queue object: five size_t fields, a mutex attribute, the mutex (glibc x86-64: 40 bytes, the
+# faster-fifo 1.5's queue object: six size_t fields, a mutex attribute, the mutex (glibc x86-64: 40 bytes, the
 # owner's thread id at offset 8), a condition attribute, two waiter counts and two 48-byte condition variables.
 QUEUE_OBJECT_SIZE = 208
+CAPACITY, HEAD, TAIL, SIZE, COUNT = 0, 16, 24, 32, 40  # bytes of the ring; where reading and writing are; bytes held
+HEADER = 8  # each message in the ring: its length (size_t), then its bytes
 MUTEX, MUTEX_OWNER, COND_ATTR, WAITER_COUNTS, CONDS = 56, 64, 96, (100, 104), (112, 160)
 COND_SIZE = 48
 LOCK_TIMEOUT_SEC = 5.0
+# A condition variable's own lock (glibc 2.25 and later): the two low bits of its __g1_orig_size, 32 bytes in. A
+# signal takes it, always under the queue's mutex here; a waiter whose time ran out takes it for a moment without.
+COND_LOCK, COND_LOCK_WAIT_SEC, FUTEX_WAKE, SYS_FUTEX = 32, 0.5, 1, 202
+_RELEASING = threading.Lock()  # the runner's loop and its DeadHolderWatch: a lock is released once
 
 
 class InboxLockHeld(RuntimeError):
@@ -93,12 +105,106 @@ def lock_owner(queue) -> int:
 
 
 def release_lock_held_by(queue, pid: int) -> bool:
-    """Unlock ``queue``'s mutex if the dead process ``pid`` holds it; True if it did. glibc's default mutex may be
+    """Unlock ``queue``'s mutex if the dead process ``pid`` holds it; True if it did. What it was writing or reading
+    is set right first (``repair_ring``), while the lock keeps every other process out. glibc's default mutex may be
     unlocked by any thread: it clears the owner, releases the lock word and wakes a waiter."""
-    if lock_owner(queue) != pid:
-        return False
-    _libc().pthread_mutex_unlock(ctypes.c_void_p(ctypes.addressof(queue.queue_obj_buffer) + MUTEX))
-    return True
+    with _RELEASING:
+        if lock_owner(queue) != pid:
+            return False
+        dropped = repair_ring(queue)
+        if dropped:
+            log.warning("dropped %d byte(s) of a message half written to an inbox when its sender died", dropped)
+        if release_condition_locks(queue):
+            log.warning("released an inbox's condition variable that a process died signalling")
+        _libc().pthread_mutex_unlock(ctypes.c_void_p(ctypes.addressof(queue.queue_obj_buffer) + MUTEX))
+        return True
+
+
+def is_dead(thread: int) -> bool:
+    """Whether no live thread has the id ``thread``: a lock's owner is a thread, the main one's id its process's pid
+    but a batcher's not (a zombie is dead)."""
+    try:
+        with open(f"/proc/{thread}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+
+
+class DeadHolderWatch(threading.Thread):
+    """A thread of the runner's process that frees each inbox whose lock a dead process holds, every
+    ``interval`` seconds.
+
+    The runner's loop frees them when it notices a death, but a queue operation waits for a held lock with no
+    time limit: a worker killed while it sent to the runner leaves the runner's own inbox locked, and the runner,
+    the one process that could notice, would wait inside its next read for good (measured: SIGKILLs to an inference
+    worker every 0.05-0.6 s hung 2 runs of 6 within 100 kills each). Queue operations leave the interpreter lock,
+    so this thread runs while the loop waits. It watches only inboxes whose layout it knows."""
+
+    def __init__(self, inboxes: list, interval: float = 0.5):
+        super().__init__(name="dead-holder-watch", daemon=True)
+        self.inboxes, self.interval = [q for q in inboxes if inbox_layout_known(q)], interval
+        self.stopped = threading.Event()
+        self.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            for queue in self.inboxes:
+                owner = lock_owner(queue)
+                if owner and is_dead(owner) and release_lock_held_by(queue, owner):
+                    log.warning("freed an inbox whose lock the dead process %d held", owner)
+
+
+def repair_ring(queue) -> int:
+    """Make ``queue``'s ring consistent after a process died inside one of its operations; call it holding the
+    queue's lock. Returns how many bytes of a half-written message were dropped.
+
+    A put writes each message's length, then its bytes, moving the ring's end and then the count of bytes held
+    after each; a get moves the start, then the count. A writer killed between those steps leaves a count that
+    covers a length without its message, or an end past the count: the reader would take garbage for a message,
+    the count would wrap below zero and every later put would find the inbox full. The ring is cut back to the
+    complete messages from its start, those every step of whose put finished: the message the dead writer was
+    putting is lost, as if it had died just before the put. A reader killed after moving the start is covered too:
+    the bytes held are measured from the new start to the end."""
+    base = ctypes.addressof(queue.queue_obj_buffer)
+    size_t = {offset: ctypes.c_size_t.from_address(base + offset) for offset in (CAPACITY, HEAD, TAIL, SIZE, COUNT)}
+    capacity, head, tail, size = (size_t[offset].value for offset in (CAPACITY, HEAD, TAIL, SIZE))
+    ring = memoryview(queue.shared_memory).cast("B")
+    end = (tail - head) % capacity or (capacity if size == capacity else 0)  # the end at the start: empty or full
+
+    def length_at(offset: int) -> int:
+        position = (head + offset) % capacity
+        first = ring[position : min(position + HEADER, capacity)].tobytes()
+        return int.from_bytes(first + ring[: HEADER - len(first)].tobytes(), sys.byteorder)
+
+    held, whole, messages = min(size, end), 0, 0
+    while whole + HEADER <= held and 0 < (length := length_at(whole)) <= held - whole - HEADER:
+        whole, messages = whole + HEADER + length, messages + 1
+    size_t[SIZE].value, size_t[TAIL].value, size_t[COUNT].value = whole, (head + whole) % capacity, messages
+    return end - whole
+
+
+def release_condition_locks(queue) -> int:
+    """Release the internal lock of each of ``queue``'s condition variables that a process died holding, inside a
+    signal; call it holding the queue's mutex for that dead process. Held on, it would make the next signal wait
+    for it for good, the sender inside the queue's mutex and every other process at its door. A waiter whose time ran
+    out holds it for a moment: a lock still held after COND_LOCK_WAIT_SEC is the dead signaller's. Its bits are
+    cleared and whoever waits for it is woken: one that set its "waited for" bit in between finds the word changed
+    and takes the lock anew. Returns how many were released."""
+    base, released = ctypes.addressof(queue.queue_obj_buffer), 0
+    for cond in CONDS:
+        word = ctypes.c_uint.from_address(base + cond + COND_LOCK)
+        deadline = time.monotonic() + COND_LOCK_WAIT_SEC
+        while word.value & 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if word.value & 3:
+            word.value &= ~3
+            _libc().syscall(SYS_FUTEX, ctypes.c_void_p(base + cond + COND_LOCK), FUTEX_WAKE, 2**31 - 1, None, None, 0)
+            released += 1
+    return released
 
 
 def reset_waiters(queue) -> None:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,18 +32,24 @@ from helpers import (
     start,
     train_command,
     wait_for_training,
-    write_inference_hang_script,
+    write_inference_fault_script,
     write_recording_script,
 )
 from sfengine.config import Config
 from sfengine.engine import respawn
 from sfengine.engine.hang_watch import HangWatch
 from sfengine.engine.respawn import (
+    COUNT,
+    HEAD,
     MUTEX,
     MUTEX_OWNER,
+    SIZE,
+    TAIL,
     WAITER_COUNTS,
+    DeadHolderWatch,
     Respawner,
     inbox_layout_known,
+    lock_owner,
     release_lock_held_by,
     reset_waiters,
 )
@@ -125,8 +132,8 @@ def test_an_inference_worker_hung_with_requests_in_hand_is_replaced_and_they_are
     # asks the successor again the run makes no step more.
     shm_before = shm_entries()
     script = tmp_path / "hangs_once.py"
-    write_inference_hang_script(script, tmp_path / "hung_once")
-    args = ["--model=hangs_once", "--env=CartPole-v1", "--num_workers=1", "--worker_num_splits=1"]
+    write_inference_fault_script(script, tmp_path / "hung_once")
+    args = ["--model=faults_once", "--env=CartPole-v1", "--num_workers=1", "--worker_num_splits=1"]
     args += ["--num_envs_per_worker=4", "--hang_timeout_sec=3", "--train_for_env_steps=20000"]
     command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=asked_again", *args]
     process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -140,6 +147,51 @@ def test_an_inference_worker_hung_with_requests_in_hand_is_replaced_and_they_are
     summary = read_summary(train_dir, "asked_again")
     assert summary["respawns"] == {"inference_worker_0": 1} and summary["env_steps"] >= 20000
     assert_nothing_left(children, shm_before)
+
+
+DIE_INSIDE_A_PUT_TO_THE_RUNNER = textwrap.dedent(
+    """
+    import ctypes
+    import gc
+    import signal
+
+    from signal_slot.signal_slot import EventLoopObject
+
+    from sfengine.engine.respawn import MUTEX, SIZE, TAIL
+
+
+    def fault():
+        # As a put to the runner that a SIGKILL stopped after the message's length: the lock held, the length
+        # written and counted, the message's bytes never.
+        objects = (o for o in gc.get_objects() if isinstance(o, EventLoopObject))
+        inbox = next(o for o in objects if "runner" in o.receiver_queues).receiver_queues["runner"]
+        base = ctypes.addressof(inbox.queue_obj_buffer)
+        ctypes.CDLL(None).pthread_mutex_lock(ctypes.c_void_p(base + MUTEX))
+        capacity, tail = inbox.max_size_bytes, ctypes.c_size_t.from_address(base + TAIL)
+        ring = (ctypes.c_ubyte * capacity).from_buffer(inbox.shared_memory)
+        for i, byte in enumerate((200).to_bytes(8, sys.byteorder)):
+            ring[(tail.value + i) % capacity] = byte
+        tail.value = (tail.value + 8) % capacity
+        ctypes.c_size_t.from_address(base + SIZE).value += 8
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_inside_a_put_to_the_runner_does_not_stop_the_run(tmp_path, train_dir):
+    # The runner waits for a held lock with no time limit, so unless the dead worker's lock is freed from outside
+    # its loop, the run would hang; unless the half-written message is dropped, its inbox would be garbage.
+    script = tmp_path / "dies_inside_a_put.py"
+    write_inference_fault_script(script, tmp_path / "died_once", fault=DIE_INSIDE_A_PUT_TO_THE_RUNNER)
+    args = ["--model=faults_once", *FAST, "--train_for_env_steps=40000", "--num_inference_workers=1"]
+    command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=inside_a_put", *args]
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, output[-3000:]
+    assert "freed an inbox whose lock the dead process" in output
+    assert "dropped 8 byte(s) of a message half written" in output
+    assert read_summary(train_dir, "inside_a_put")["respawns"] == {"inference_worker_0": 1}
 
 
 @pytest.mark.parametrize("critic_free", [False, True])
@@ -347,6 +399,116 @@ def wait_for_field(inbox, offset: int, value: int, process: PlainProcess) -> Non
     while field.value != value:
         assert time.time() < deadline and process.is_alive()
         time.sleep(0.05)
+
+
+def dies_signalling(queue) -> None:
+    """Take the queue's lock and its "not empty" condition variable's own lock, as a sender inside its signal to a
+    waiting reader does, and stay there to be killed."""
+    base = ctypes.addressof(queue.queue_obj_buffer)
+    ctypes.CDLL(None).pthread_mutex_lock(ctypes.c_void_p(base + MUTEX))
+    ctypes.c_uint.from_address(base + respawn.CONDS[0] + respawn.COND_LOCK).value |= 1
+    time.sleep(1000)
+
+
+@pytest.mark.skipif(not inbox_layout_known(Queue()), reason="the inbox repair knows faster-fifo 1.5 on x86-64 glibc")
+def test_a_sender_killed_inside_its_signal_leaves_an_inbox_that_wakes_its_reader_once_freed():
+    inbox = Queue(max_size_bytes=100_000)
+    reader = HELPERS.Process(target=receive_one, args=(inbox,), daemon=True)
+    reader.start()
+    wait_for_field(inbox, WAITER_COUNTS[0], 1, reader)
+    sender = HELPERS.Process(target=dies_signalling, args=(inbox,), daemon=True)
+    sender.start()
+    wait_for_field(inbox, MUTEX_OWNER, sender.pid, sender)
+    os.kill(sender.pid, signal.SIGKILL)
+    sender.join()
+    assert release_lock_held_by(inbox, sender.pid)
+    assert put_within(inbox, 20)  # its signal to the waiting reader takes the condition variable's lock
+    reader.join(10)
+    assert reader.exitcode == 0
+
+
+def holds_the_lock_in_a_thread(queue) -> None:
+    """Hold the queue's lock from a thread that is not the main one, as a batcher (a thread of the learner's
+    process) inside a queue operation does: the lock's owner is then no process id."""
+    holder = threading.Thread(target=hold_the_lock, args=(queue,), daemon=True)
+    holder.start()
+    holder.join()
+
+
+@pytest.mark.skipif(not inbox_layout_known(Queue()), reason="the inbox repair knows faster-fifo 1.5 on x86-64 glibc")
+def test_the_runners_watch_frees_an_inbox_a_dead_process_left_locked_and_no_other():
+    dead_ones, live_one = Queue(max_size_bytes=100_000), Queue(max_size_bytes=100_000)
+    dead = HELPERS.Process(target=hold_the_lock, args=(dead_ones,), daemon=True)
+    live = HELPERS.Process(target=holds_the_lock_in_a_thread, args=(live_one,), daemon=True)
+    for process in (dead, live):
+        process.start()
+    for inbox, process in ((dead_ones, dead), (live_one, live)):
+        while lock_owner(inbox) == 0:
+            assert process.is_alive()
+            time.sleep(0.05)
+    assert lock_owner(live_one) != live.pid
+    os.kill(dead.pid, signal.SIGKILL)
+    dead.join()
+    watch = DeadHolderWatch([dead_ones, live_one], interval=0.1)
+    try:
+        assert put_within(dead_ones, 20)
+        time.sleep(0.5)
+        assert lock_owner(live_one) != 0 and not put_within(live_one, 0.5)  # still its live thread's
+    finally:
+        watch.stop()
+        live.kill()
+
+
+def ring(queue) -> dict[int, ctypes.c_size_t]:
+    """The queue's ring fields (CAPACITY, HEAD, TAIL, SIZE, COUNT), in place."""
+    base = ctypes.addressof(queue.queue_obj_buffer)
+    return {offset: ctypes.c_size_t.from_address(base + offset) for offset in (HEAD, TAIL, SIZE, COUNT)}
+
+
+@pytest.mark.skipif(not inbox_layout_known(Queue()), reason="the inbox repair knows faster-fifo 1.5 on x86-64 glibc")
+@pytest.mark.parametrize("wraps", [False, True], ids=["flat", "wrapping"])
+@pytest.mark.parametrize("stopped", ["after the length", "after the bytes", "after the byte count", "reader"])
+def test_a_message_half_written_by_a_killed_sender_is_dropped_and_the_inbox_works_on(stopped, wraps):
+    # A SIGKILL cannot be aimed between two stores of a put, so the ring is left as such a kill leaves it: the
+    # third message put, then its last steps undone (or, for a reader, the first message read and the byte count
+    # not yet lowered). A process that dies inside a queue operation holds its lock: here this one does.
+    capacity, third = 1024, "third message " + "z" * 300  # its length needs two bytes
+    inbox = Queue(max_size_bytes=capacity)
+    for _ in range(40):  # traffic that leaves old messages past the ring's end
+        inbox.put_many(["old", "old"], timeout=1)
+        inbox.get_many(timeout=1)
+    inbox.put_many(["first", "second"])
+    two = ring(inbox)[SIZE].value
+    inbox.get_many()
+    # An empty ring may start anywhere: for a wrapping ring, where the third message's length is split by the ring's
+    # end after its first byte.
+    ring(inbox)[HEAD].value = ring(inbox)[TAIL].value = capacity - two - 1 if wraps else 0
+    inbox.put_many(["first", "second"])
+    before = {offset: field.value for offset, field in ring(inbox).items()}
+    inbox.put(third, timeout=1)
+    fields = ring(inbox)
+    assert (fields[TAIL].value < before[TAIL]) == wraps
+    expected = ["first", "second"]
+    if stopped == "after the length":
+        fields[TAIL].value, fields[SIZE].value = (before[TAIL] + 8) % capacity, before[SIZE] + 8
+    elif stopped == "after the bytes":
+        fields[SIZE].value = before[SIZE] + 8
+    else:
+        expected.append(third)
+    if stopped == "reader":  # the start moved past the first message, the byte count and the count not lowered
+        held = fields[SIZE].value
+        assert inbox.get_many(max_messages_to_get=1) == ["first"]
+        fields[SIZE].value = held
+        expected.remove("first")
+    fields[COUNT].value = before[COUNT] + (stopped == "reader")  # a put raises it last, a get lowers it last
+    libc = ctypes.CDLL(None)
+    libc.pthread_mutex_lock(ctypes.c_void_p(ctypes.addressof(inbox.queue_obj_buffer) + MUTEX))
+    assert release_lock_held_by(inbox, os.getpid())
+    assert inbox.qsize() == len(expected)
+    assert inbox.get_many(timeout=1) == expected
+    for number in range(20):  # round the ring several times
+        inbox.put_many([number, "y" * 40], timeout=1)
+        assert inbox.get_many(timeout=1) == [number, "y" * 40]
 
 
 @pytest.mark.skipif(not inbox_layout_known(Queue()), reason="the inbox repair knows faster-fifo 1.5 on x86-64 glibc")

@@ -28,7 +28,7 @@ from helpers import (
     run_train,
     shm_entries,
     start,
-    write_inference_hang_script,
+    write_inference_fault_script,
     write_recording_script,
 )
 from sfengine.config import AUTO, parse_config
@@ -335,9 +335,9 @@ def test_an_inference_worker_hung_with_requests_in_hand_is_replaced_and_the_eval
     train_script, eval_script = tmp_path / "train_hangs_once.py", tmp_path / "evaluate_hangs_once.py"
     trained_marker, marker = tmp_path / "not_while_training", tmp_path / "hung_once"
     trained_marker.touch()
-    write_inference_hang_script(train_script, trained_marker)
-    write_inference_hang_script(eval_script, marker, module="evaluate")
-    train_dir, model = tmp_path / "train_dir", "--model=hangs_once"
+    write_inference_fault_script(train_script, trained_marker)
+    write_inference_fault_script(eval_script, marker, module="evaluate")
+    train_dir, model = tmp_path / "train_dir", "--model=faults_once"
     command = [sys.executable, str(train_script), f"--train_dir={train_dir}", "--experiment=hangs", model]
     trained = subprocess.run(
         [*command, "--env=CartPole-v1", "--train_for_env_steps=4096", "--num_workers=1"], capture_output=True, text=True
