@@ -45,6 +45,8 @@ STOPPING_SILENCE_SEC = 10.0
 # A worker's start-up is hung after this many times the longest start-up so far (a respawned worker builds what the
 # first ones built; a loaded machine makes it slower, not tenfold).
 STARTUP_TIMEOUT_FACTOR = 3
+# The runner's loop looks every 0.1 s; a longer gap means it could not (see HangWatch.looked).
+RUNNER_GAP_SEC = 1.0
 
 
 class HangWatch:
@@ -61,6 +63,17 @@ class HangWatch:
         self.last_heard: dict[str, float] = {}
         self.up_since: dict[str, float] = {}  # worker -> its first report since its latest start: start-up over
         self.longest_startup = 0.0
+        self.last_look: float | None = None
+
+    def looked(self) -> None:
+        """The runner's loop looks now. If it could not for a while (it waited on an inbox that a frozen worker held,
+        or its process was not scheduled), it heard no one meanwhile: the silences are counted from the gap's end,
+        so that its own wait is not blamed on the workers whose reports were queued for it."""
+        now = time.monotonic()
+        gap, self.last_look = now - (self.last_look or now), now
+        if gap > RUNNER_GAP_SEC:
+            for name in self.last_heard:
+                self.last_heard[name] += gap
 
     def heard_from(self, component: str) -> None:
         self.last_heard[component] = time.monotonic()

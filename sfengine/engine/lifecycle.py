@@ -57,10 +57,12 @@ def component_loops(
 def run_until_stopped(runner: Component, runner_loop: EngineEventLoop, processes: list[EngineProcess]) -> None:
     """Start the component processes and run the runner's loop until it stops; every process is gone after it,
     whatever happened. SIGINT/SIGTERM go to ``runner.interrupts`` meanwhile (see install_signal_handlers), and a
-    DeadHolderWatch frees the inboxes a dead process left locked, the runner's respawner's inboxes, until the end."""
+    DeadHolderWatch frees the runner's respawner's inboxes a dead process left locked, and ends a process frozen
+    inside one for twice --hang_timeout_sec, until the end."""
     previous_handlers = install_signal_handlers(runner)
     respawner = getattr(runner, "respawner", None)
-    watch = DeadHolderWatch(respawner.inboxes) if respawner is not None else None
+    frozen_after = 2 * runner.cfg.run.hang_timeout_sec
+    watch = None if respawner is None else DeadHolderWatch(respawner.inboxes, processes, frozen_after)
     try:
         try:
             for process in processes:

@@ -38,6 +38,7 @@ receiver had stalled already.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -130,19 +131,34 @@ def is_dead(thread: int) -> bool:
         return True
 
 
+def process_of(thread: int) -> int:
+    """The pid of the process whose thread is ``thread`` (0 if it has gone)."""
+    try:
+        with open(f"/proc/{thread}/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("Tgid:"))
+    except (FileNotFoundError, ProcessLookupError, StopIteration):
+        return 0
+
+
 class DeadHolderWatch(threading.Thread):
-    """A thread of the runner's process that frees each inbox whose lock a dead process holds, every
-    ``interval`` seconds.
+    """A thread of the runner's process that frees each inbox whose lock a dead process holds, and ends a component
+    frozen inside a queue operation, looking every ``interval`` seconds.
 
-    The runner's loop frees them when it notices a death, but a queue operation waits for a held lock with no
-    time limit: a worker killed while it sent to the runner leaves the runner's own inbox locked, and the runner,
-    the one process that could notice, would wait inside its next read for good (measured: SIGKILLs to an inference
-    worker every 0.05-0.6 s hung 2 runs of 6 within 100 kills each). Queue operations leave the interpreter lock,
-    so this thread runs while the loop waits. It watches only inboxes whose layout it knows."""
+    The runner's loop frees a dead worker's locks when it notices the death, but a queue operation waits for a held
+    lock with no time limit: a worker killed while it sent to the runner leaves the runner's own inbox locked, and
+    the runner, the one process that could notice, would wait inside its next read for good (measured: SIGKILLs to
+    an inference worker every 0.05-0.6 s hung 2 runs of 6 within 100 kills each). A worker frozen there (stopped,
+    or stuck in the kernel) would do the same while alive: one of ``processes`` seen holding the same inbox's lock
+    at every look for ``frozen_after_sec`` (a queue operation holds it for microseconds; 0: never) is SIGKILLed,
+    and its death is then handled as any other. The runner passes twice --hang_timeout_sec: where its loop is free
+    to, the hang watch, which prints the stack and names the env, goes first. Queue operations leave the interpreter lock, so this thread runs
+    while the loop waits. It watches only inboxes whose layout it knows."""
 
-    def __init__(self, inboxes: list, interval: float = 0.5):
+    def __init__(self, inboxes: list, processes: list, frozen_after_sec: float = 0.0, interval: float = 0.5):
         super().__init__(name="dead-holder-watch", daemon=True)
         self.inboxes, self.interval = [q for q in inboxes if inbox_layout_known(q)], interval
+        self.processes, self.frozen_after_sec = processes, frozen_after_sec
+        self.held: dict[int, tuple[int, float]] = {}  # inbox index -> (its lock's owner, when first seen holding it)
         self.stopped = threading.Event()
         self.start()
 
@@ -152,10 +168,35 @@ class DeadHolderWatch(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(self.interval):
-            for queue in self.inboxes:
+            for index, queue in enumerate(self.inboxes):
                 owner = lock_owner(queue)
-                if owner and is_dead(owner) and release_lock_held_by(queue, owner):
-                    log.warning("freed an inbox whose lock the dead process %d held", owner)
+                if owner and is_dead(owner):
+                    if release_lock_held_by(queue, owner):
+                        log.warning("freed an inbox whose lock the dead process %d held", owner)
+                elif owner and self.frozen_after_sec:
+                    self._frozen(index, owner)
+                    continue
+                self.held.pop(index, None)
+
+    def _frozen(self, index: int, owner: int) -> None:
+        """End the component whose thread ``owner`` has held inbox ``index``'s lock at every look for too long."""
+        seen, since = self.held.get(index, (0, 0.0))
+        if seen != owner:
+            self.held[index] = (owner, time.monotonic())
+            return
+        held_for, pid = time.monotonic() - since, process_of(owner)
+        process = next((p for p in self.processes if p.pid == pid), None)
+        if held_for < self.frozen_after_sec or process is None:
+            return
+        log.error(
+            "%s has held an inbox's lock for %.0f s, frozen inside a queue operation (2x --hang_timeout_sec); "
+            "ending it",
+            process.name.removesuffix("_process"),
+            held_for,
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, os_signal.SIGKILL)  # by pid: the loop may have put a successor in its place meanwhile
+        del self.held[index]
 
 
 def repair_ring(queue) -> int:

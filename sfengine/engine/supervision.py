@@ -77,6 +77,8 @@ class Supervision:
     def _watch(self) -> None:
         """Conditions no component can signal: the clock, OS signals, processes that died; then the shutdown."""
         run = self.cfg.run
+        if self.hang_watch is not None:
+            self.hang_watch.looked()
         if self.stop_reason is None:
             if self.respawner is not None and not self.interrupts:
                 self.respawner.chaos_victim(self.processes)

@@ -116,6 +116,8 @@ class EvalRunner(Component):
             self.hang_watch.heard_from(f"inference_worker_{report.worker}")
 
     def _watch(self) -> None:
+        if self.hang_watch is not None:
+            self.hang_watch.looked()
         if self.stopping_since:
             if all(not p.is_alive() for p in self.processes):
                 self.event_loop.stop()

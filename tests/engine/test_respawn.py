@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -149,7 +150,7 @@ def test_an_inference_worker_hung_with_requests_in_hand_is_replaced_and_they_are
     assert_nothing_left(children, shm_before)
 
 
-DIE_INSIDE_A_PUT_TO_THE_RUNNER = textwrap.dedent(
+STOP_INSIDE_A_PUT_TO_THE_RUNNER = textwrap.dedent(
     """
     import ctypes
     import gc
@@ -161,7 +162,7 @@ DIE_INSIDE_A_PUT_TO_THE_RUNNER = textwrap.dedent(
 
 
     def fault():
-        # As a put to the runner that a SIGKILL stopped after the message's length: the lock held, the length
+        # As a put to the runner that a signal stopped after the message's length: the lock held, the length
         # written and counted, the message's bytes never.
         objects = (o for o in gc.get_objects() if isinstance(o, EventLoopObject))
         inbox = next(o for o in objects if "runner" in o.receiver_queues).receiver_queues["runner"]
@@ -173,22 +174,28 @@ DIE_INSIDE_A_PUT_TO_THE_RUNNER = textwrap.dedent(
             ring[(tail.value + i) % capacity] = byte
         tail.value = (tail.value + 8) % capacity
         ctypes.c_size_t.from_address(base + SIZE).value += 8
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.{signal})
     """
 )
 
 
+@pytest.mark.parametrize("end", ["SIGKILL", "SIGSTOP"])
 @pytest.mark.slow
-def test_a_worker_killed_inside_a_put_to_the_runner_does_not_stop_the_run(tmp_path, train_dir):
-    # The runner waits for a held lock with no time limit, so unless the dead worker's lock is freed from outside
-    # its loop, the run would hang; unless the half-written message is dropped, its inbox would be garbage.
-    script = tmp_path / "dies_inside_a_put.py"
-    write_inference_fault_script(script, tmp_path / "died_once", fault=DIE_INSIDE_A_PUT_TO_THE_RUNNER)
+def test_a_worker_killed_or_frozen_inside_a_put_to_the_runner_does_not_stop_the_run(tmp_path, train_dir, end):
+    # The runner waits for a held lock with no time limit, so unless the lock is freed from outside its loop (a dead
+    # worker's), or its holder ended (a frozen one's, after 2x --hang_timeout_sec), the run would hang; unless the
+    # half-written message is dropped, the runner's inbox would be garbage.
+    script = tmp_path / "inside_a_put.py"
+    fault = STOP_INSIDE_A_PUT_TO_THE_RUNNER.replace("{signal}", end)
+    write_inference_fault_script(script, tmp_path / "faulted_once", fault=fault)
     args = ["--model=faults_once", *FAST, "--train_for_env_steps=40000", "--num_inference_workers=1"]
+    args += ["--hang_timeout_sec=5"]
     command = [sys.executable, str(script), f"--train_dir={train_dir}", "--experiment=inside_a_put", *args]
     process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = process.communicate(timeout=120)[0]
     assert process.returncode == 0, output[-3000:]
+    if end == "SIGSTOP":
+        assert "inference_worker_0 has held an inbox's lock for" in output
     assert "freed an inbox whose lock the dead process" in output
     assert "dropped 8 byte(s) of a message half written" in output
     assert read_summary(train_dir, "inside_a_put")["respawns"] == {"inference_worker_0": 1}
@@ -436,27 +443,33 @@ def holds_the_lock_in_a_thread(queue) -> None:
 
 
 @pytest.mark.skipif(not inbox_layout_known(Queue()), reason="the inbox repair knows faster-fifo 1.5 on x86-64 glibc")
-def test_the_runners_watch_frees_an_inbox_a_dead_process_left_locked_and_no_other():
-    dead_ones, live_one = Queue(max_size_bytes=100_000), Queue(max_size_bytes=100_000)
-    dead = HELPERS.Process(target=hold_the_lock, args=(dead_ones,), daemon=True)
-    live = HELPERS.Process(target=holds_the_lock_in_a_thread, args=(live_one,), daemon=True)
-    for process in (dead, live):
-        process.start()
-    for inbox, process in ((dead_ones, dead), (live_one, live)):
+def test_the_runners_watch_frees_an_inbox_a_dead_process_left_locked_and_ends_a_frozen_component():
+    inboxes = [Queue(max_size_bytes=100_000) for _ in range(3)]
+    holders = [
+        HELPERS.Process(target=target, args=(inbox,), daemon=True)
+        for target, inbox in zip((hold_the_lock, holds_the_lock_in_a_thread, holds_the_lock_in_a_thread), inboxes)
+    ]
+    dead, frozen, other = holders  # a component that died holding it, a component frozen in it, not a component
+    for holder in holders:
+        holder.start()
+    for inbox, holder in zip(inboxes, holders):
         while lock_owner(inbox) == 0:
-            assert process.is_alive()
+            assert holder.is_alive()
             time.sleep(0.05)
-    assert lock_owner(live_one) != live.pid
+    assert lock_owner(inboxes[1]) != frozen.pid
     os.kill(dead.pid, signal.SIGKILL)
     dead.join()
-    watch = DeadHolderWatch([dead_ones, live_one], interval=0.1)
+    components = [SimpleNamespace(pid=holder.pid, name=f"worker_{i}_process") for i, holder in enumerate(holders[:2])]
+    watch = DeadHolderWatch(inboxes, components, frozen_after_sec=1.0, interval=0.1)
     try:
-        assert put_within(dead_ones, 20)
-        time.sleep(0.5)
-        assert lock_owner(live_one) != 0 and not put_within(live_one, 0.5)  # still its live thread's
+        assert put_within(inboxes[0], 20)
+        assert put_within(inboxes[1], 20)  # ended, then freed
+        frozen.join(5)
+        assert frozen.exitcode == -signal.SIGKILL
+        assert lock_owner(inboxes[2]) != 0 and not put_within(inboxes[2], 0.5)  # left to whoever watches it
     finally:
         watch.stop()
-        live.kill()
+        other.kill()
 
 
 def ring(queue) -> dict[int, ctypes.c_size_t]:
