@@ -151,8 +151,8 @@ class DeadHolderWatch(threading.Thread):
     or stuck in the kernel) would do the same while alive: one of ``processes`` seen holding the same inbox's lock
     at every look for ``frozen_after_sec`` (a queue operation holds it for microseconds; 0: never) is SIGKILLed,
     and its death is then handled as any other. The runner passes twice --hang_timeout_sec: where its loop is free
-    to, the hang watch, which prints the stack and names the env, goes first. Queue operations leave the interpreter lock, so this thread runs
-    while the loop waits. It watches only inboxes whose layout it knows."""
+    to, the hang watch, which prints the stack and names the env, goes first. Queue operations leave the interpreter
+    lock, so this thread runs while the loop waits. It watches only inboxes whose layout it knows."""
 
     def __init__(self, inboxes: list, processes: list, frozen_after_sec: float = 0.0, interval: float = 0.5):
         super().__init__(name="dead-holder-watch", daemon=True)
