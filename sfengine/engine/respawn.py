@@ -146,13 +146,13 @@ class DeadHolderWatch(threading.Thread):
 
     The runner's loop frees a dead worker's locks when it notices the death, but a queue operation waits for a held
     lock with no time limit: a worker killed while it sent to the runner leaves the runner's own inbox locked, and
-    the runner, the one process that could notice, would wait inside its next read for good (measured: SIGKILLs to
-    an inference worker every 0.05-0.6 s hung 2 runs of 6 within 100 kills each). A worker frozen there (stopped,
-    or stuck in the kernel) would do the same while alive: one of ``processes`` seen holding the same inbox's lock
-    at every look for ``frozen_after_sec`` (a queue operation holds it for microseconds; 0: never) is SIGKILLed,
-    and its death is then handled as any other. The runner passes twice --hang_timeout_sec: where its loop is free
-    to, the hang watch, which prints the stack and names the env, goes first. Queue operations leave the interpreter
-    lock, so this thread runs while the loop waits. It watches only inboxes whose layout it knows."""
+    the runner, the one process that could notice, would wait inside its next read for good (as a storm of SIGKILLs
+    to an inference worker showed). A worker frozen there (stopped, or stuck in the kernel) would do the same while
+    alive: one of ``processes`` seen holding the same inbox's lock at every look for ``frozen_after_sec`` (a queue
+    operation holds it for microseconds; 0: never) is SIGKILLed, and its death is then handled as any other. The
+    runner passes twice --hang_timeout_sec: where its loop is free to, the hang watch, which prints the stack and
+    names the env, goes first. Queue operations leave the interpreter lock, so this thread runs while the loop
+    waits. It watches only inboxes whose layout it knows."""
 
     def __init__(self, inboxes: list, processes: list, frozen_after_sec: float = 0.0, interval: float = 0.5):
         super().__init__(name="dead-holder-watch", daemon=True)
