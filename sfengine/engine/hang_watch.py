@@ -16,9 +16,10 @@ silence from its first report, which it sends as soon as its start-up is over; i
 simulators or a large model can take minutes) has a timeout of its own, ``--startup_timeout_sec`` or
 ``STARTUP_TIMEOUT_FACTOR`` times the longest start-up so far, whichever is longer (``startup_hung``): a worker
 whose env never finishes building, at the run's start or after a respawn, is named and respawned like a silent
-one. While the run stops, a worker found hung is ended rather than respawned: training is over. One worker frozen
-inside a queue operation silences others (the reader of the inbox it keeps locked): the runner names the frozen
-one, not those waiting for it (``Supervision._culprit``).
+one; so is the training evaluator (``--eval_every_env_steps``), which builds envs of its own at its start. While
+the run stops, a worker found hung is ended rather than respawned: training is over. One worker frozen inside a
+queue operation silences others (the reader of the inbox it keeps locked): the runner names the frozen one, not
+those waiting for it (``Supervision._culprit``).
 
 The learner is silent whenever no batch is ready (a slow env), so silence says nothing about it: it marks in shared
 memory when its start-up and each update or save begin and end, and each gradient step
@@ -39,6 +40,8 @@ from sfengine.engine.buffers import NO_ENV, SplitState
 from sfengine.engine.event_loop import EngineProcess
 
 WATCHED_WORKERS = ("rollout_worker_", "inference_worker_")
+# Start-ups watched (``startup_hung``): the workers', and the training evaluator's, which builds envs of its own.
+WATCHED_STARTUPS = (*WATCHED_WORKERS, "evaluator_process")
 LEARNER_TIMEOUT_FACTOR = 10  # a learner update or save is hung after this many times its longest so far
 # While a run stops, a worker counts as hung only once silent this long (and --hang_timeout_sec).
 STOPPING_SILENCE_SEC = 10.0
@@ -85,12 +88,12 @@ class HangWatch:
         self.up_since.pop(component, None)
 
     def startup_hung(self, processes: Sequence[EngineProcess]) -> tuple[str, str] | None:
-        """A running rollout or inference worker of ``processes`` not yet heard from since its latest start, for
-        longer than the start-up timeout (``--startup_timeout_sec`` or ``STARTUP_TIMEOUT_FACTOR`` times the longest
-        start-up so far, whichever is longer): (its name, what it is stuck in), or None."""
+        """A running rollout or inference worker or training evaluator of ``processes`` not yet heard from since its
+        latest start, for longer than the start-up timeout (``--startup_timeout_sec`` or ``STARTUP_TIMEOUT_FACTOR``
+        times the longest start-up so far, whichever is longer): (its name, what it is stuck in), or None."""
         if not self.startup_timeout:
             return None
-        workers = {p.name.removesuffix("_process"): p for p in processes if p.name.startswith(WATCHED_WORKERS)}
+        workers = {p.name.removesuffix("_process"): p for p in processes if p.name.startswith(WATCHED_STARTUPS)}
         for name, process in workers.items():
             if name in self.up_since:
                 self.longest_startup = max(self.longest_startup, self.up_since[name] - process.started_at)

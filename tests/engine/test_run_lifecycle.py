@@ -610,9 +610,11 @@ def make_slow_starting_toy(ctx):
 
 
 def make_toy_hanging_at_its_first_start(ctx):
-    # Rollout worker 1 never finishes building its first env, as a simulator deadlocked in its start-up would; once a
-    # run (the worker that replaces it starts as usual).
-    if ctx.worker_index == 1 and not os.path.exists(HUNG_ONCE):
+    # The process shown as HANGING (sfe-rollout-1 by default) never finishes building its first env, as a simulator
+    # deadlocked in its start-up would; once a run (the process that replaces it starts as usual).
+    with open("/proc/self/comm") as comm:
+        hangs = comm.read().strip() == os.environ.get("HANGING", "sfe-rollout-1")
+    if hangs and not os.path.exists(HUNG_ONCE):
         open(HUNG_ONCE, "w").close()
         stuck_in_the_simulator()
     return make_multitask_toy(ctx)
@@ -969,23 +971,30 @@ def test_a_stop_during_a_workers_start_up_ends_it_at_once_and_the_run_exits_0(tm
     assert leaked_shm(shm_before) == set()
 
 
+@pytest.mark.parametrize("hung, title", [("rollout_worker_1", "sfe-rollout-1"), ("evaluator", "sfe-evaluator")])
 @pytest.mark.slow
-def test_a_worker_hung_in_its_start_up_is_named_with_its_stack_and_respawned(tmp_path, train_dir):
-    # Worker 1's first start never finishes; without a start-up timeout it would sit there for good, unwatched (it
-    # sends no report until its envs are built), and an evaluation or a one-worker run would never end.
+def test_a_worker_hung_in_its_start_up_is_named_with_its_stack_and_respawned(tmp_path, train_dir, hung, title):
+    # Its first start never finishes; without a start-up timeout it would sit there for good, unwatched (it sends no
+    # report until its envs are built): an evaluation or a one-worker run would never end, and a training evaluator
+    # would never evaluate.
     shm_before = shm_entries()
     command = hanging_toy_command(tmp_path, train_dir, "startup")
     # Stopped by the clock, not by env steps: worker 0 alone would reach any step count before the timeout.
     command += ["--env=toy_hanging_at_its_first_start", "--startup_timeout_sec=10", "--train_for_env_steps=100000000"]
-    stderr, children = run_to_the_end([*command, "--train_for_seconds=30"])
+    if hung == "evaluator":
+        command += ["--eval_every_env_steps=100000"]
+    environment = {**os.environ, "HANGING": title}
+    stderr, children = run_to_the_end([*command, "--train_for_seconds=30"], env=environment)
     error = next(line for line in stderr.splitlines() if "still in its start-up" in line)
-    assert "rollout_worker_1 is still in its start-up after" in error, error
+    assert f"{hung} is still in its start-up after" in error, error
     assert "the longer of --startup_timeout_sec and 3x the longest start-up so far" in error, error
     assert error.endswith("respawning it (--startup_timeout_sec)"), error
     assert "stuck_in_the_simulator" in stderr  # the hung process's own stack, printed by faulthandler
     summary = read_summary(train_dir, "startup")
-    assert summary["respawns"] == {"rollout_worker_1": 1} and summary["exit_code"] == 0
+    assert summary["respawns"] == {hung: 1} and summary["exit_code"] == 0
     assert summary["respawn_seconds_lost"] > 0  # its successor finished its start-up and reported
+    if hung == "evaluator":
+        assert summary["eval"] and summary["eval"][-1]["final"]  # its successor evaluates
     assert_nothing_left(children, shm_before)
 
 
