@@ -82,6 +82,15 @@ class LearnerReport(NamedTuple):
     stop_agreed: bool = False  # a rank asked to stop, and every rank stops now
 
 
+class EvaluationRequest(NamedTuple):
+    """runner -> training evaluator: evaluate the weights published now."""
+
+    env_steps: int  # env steps trained so far
+    # Evaluations the run has completed (a resumed run counts those of its env steps before): which init states
+    # this one plays, so that a respawned or resumed evaluator goes on cycling where its predecessor stopped.
+    index: int
+
+
 class EvalResult(NamedTuple):
     """training evaluator -> runner: one evaluation of the weights of ``policy_version``."""
 

@@ -29,7 +29,14 @@ from sfengine.engine.hang_watch import HangWatch
 from sfengine.engine.lifecycle import (
     start_watch_and_status_timers,
 )
-from sfengine.engine.messages import EvalResult, EvaluatorReport, InferenceReport, LearnerReport, WorkerReport
+from sfengine.engine.messages import (
+    EvalResult,
+    EvaluationRequest,
+    EvaluatorReport,
+    InferenceReport,
+    LearnerReport,
+    WorkerReport,
+)
 from sfengine.engine.respawn import Respawner
 from sfengine.engine.supervision import Supervision
 from sfengine.evaluation.report import EvalReport
@@ -72,6 +79,8 @@ class Runner(Supervision, Reporting, Component):
         every = cfg.eval.eval_every_env_steps
         self.next_evaluation = (initial_env_steps // every + 1) * every if every else None
         self.evaluations: list[dict] = []  # the training evaluator's results, for summary.json
+        # Evaluations completed: a resumed run takes one for every --eval_every_env_steps it had trained.
+        self.evaluations_done = initial_env_steps // every if every else 0
         self.final_evaluation = FinalEvaluation(cfg.eval.eval_at_end) if every and self.leads else None
 
     @signal
@@ -137,7 +146,7 @@ class Runner(Supervision, Reporting, Component):
         if self.next_evaluation is not None and report.env_steps >= self.next_evaluation and self.leads:
             every = self.cfg.eval.eval_every_env_steps
             self.next_evaluation = (report.env_steps // every + 1) * every
-            self.evaluate.emit(report.env_steps)
+            self.evaluate.emit(EvaluationRequest(report.env_steps, self.evaluations_done))
         if report.stop_agreed:
             self.request_stop(self.stop_asked[0] if self.stop_asked else "another rank stopped")
         elif self.stats.env_steps >= run.train_for_env_steps:
@@ -177,6 +186,7 @@ class Runner(Supervision, Reporting, Component):
         if result.final:
             record["final"] = True
         self.evaluations.append(record)
+        self.evaluations_done += not result.final
         self.final_evaluation.on_result(self, result)
         success = f"success {overall.success_rate:.3f}, " if overall.success_rate is not None else ""
         print(

@@ -10,8 +10,8 @@
 It plays ``envs_per_split`` envs side by side, one batched forward per step. A request that arrives during an
 evaluation is dropped: evaluations never queue up behind a slow env. At the run's end (``FinalEvaluation``) it
 evaluates the final weights once training's other components have ended, then stops. Multi-task envs: every
-task, with ``--eval_episodes_per_task`` init states each, cycling across evaluations; single-task envs: seeds
-0..N-1.
+task, with ``--eval_episodes_per_task`` init states each, cycling across evaluations (the request's ``index``
+says where, so a respawned evaluator goes on where its predecessor stopped); single-task envs: seeds 0..N-1.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sfengine.engine.buffers import SharedWeights
 from sfengine.engine.cpu_threads import set_cpu_threads
 from sfengine.engine.event_loop import Component, stop_own_loop
 from sfengine.engine.lifecycle import STOP_TIMEOUT_SEC, terminate_processes
-from sfengine.engine.messages import EvalResult, EvaluatorReport
+from sfengine.engine.messages import EvalResult, EvaluationRequest, EvaluatorReport
 from sfengine.env.multitask import TaskInfo
 from sfengine.env.registry import EnvFactory, env_context
 from sfengine.env.spaces import ActionSpec, ObsSpec
@@ -56,13 +56,12 @@ class TrainingEvaluator(Component):
         super().__init__(event_loop, "evaluator")
         self.cfg, self.weights, self.env_factory = cfg, weights, env_factory
         self.obs_spec, self.action_spec, self.tasks = obs_spec, action_spec, tasks
-        self.evaluations = 0
         self.stopped = False
         self.final = False  # the evaluation under way is the end-of-run one
         self.started = False
         # A request read before its start (a respawned evaluator reads what was sent to its predecessor first):
-        # (env steps, final), played once it has started.
-        self.early_request: tuple[int, bool] | None = None
+        # (the request, final), played once it has started.
+        self.early_request: tuple[EvaluationRequest, bool] | None = None
 
     @signal
     def evaluation_done(self): ...
@@ -88,44 +87,43 @@ class TrainingEvaluator(Component):
         self.report_timer.timeout.connect(self._send_report)
         self.started = True
         if self.early_request is not None:
-            env_steps, final = self.early_request
-            (self.on_evaluate_final if final else self.on_evaluate)(env_steps)
+            request, final = self.early_request
+            (self.on_evaluate_final if final else self.on_evaluate)(request)
 
     def _playing(self) -> bool:
         return bool(self.source.pending) or bool(self.group.active.any())
 
-    def on_evaluate(self, env_steps: int) -> None:
+    def on_evaluate(self, request: EvaluationRequest) -> None:
         """Start an evaluation of the weights published now, unless one is running."""
         if not self.started:
             if self.early_request is None:
-                self.early_request = (env_steps, False)
+                self.early_request = (request, False)
             return
         if self._playing() or self.stopped:
             return
         self.final = False
-        self._begin(env_steps)
+        self._begin(request)
 
-    def on_evaluate_final(self, env_steps: int) -> None:
+    def on_evaluate_final(self, request: EvaluationRequest) -> None:
         """Evaluate the final weights (the learner has ended): an evaluation under way, of older weights, is
         dropped."""
         if not self.started:
-            self.early_request = (env_steps, True)
+            self.early_request = (request, True)
             return
         if self.stopped:
             return
         self.final = True
         if self._playing() and self.version == int(self.weights.version[0]):
             return  # the evaluation under way is of the final weights already
-        self._begin(env_steps)
+        self._begin(request)
 
-    def _begin(self, env_steps: int) -> None:
+    def _begin(self, request: EvaluationRequest) -> None:
         started = time.perf_counter()
         self.version = self.weights.pull(self.model)
-        self.env_steps = env_steps
+        self.env_steps = request.env_steps
         self.source.pending = training_evaluation_episodes(
-            self.tasks, self.evaluations, self.cfg.eval.eval_episodes_per_task, self.cfg.eval.eval_episodes
+            self.tasks, request.index, self.cfg.eval.eval_episodes_per_task, self.cfg.eval.eval_episodes
         )
-        self.evaluations += 1
         self.group.take_finished()  # an evaluation of older weights, dropped
         self.group.returns[:], self.group.lengths[:] = 0.0, 0
         self.eval_started = time.time()
@@ -235,7 +233,7 @@ class FinalEvaluation:
             else:
                 self.phase, self.clock = "evaluating", time.time()
                 print("training has stopped; evaluating the final policy (--eval_at_end)", flush=True)
-                runner.evaluate_final.emit(runner.stats.env_steps)
+                runner.evaluate_final.emit(EvaluationRequest(runner.stats.env_steps, runner.evaluations_done))
             return False
         if self.phase == "evaluating":
             idle = time.time() - self.clock > STOP_TIMEOUT_SEC

@@ -7,8 +7,16 @@ from collections import Counter
 import pytest
 
 from helpers import read_summary, run_train
+from sfengine.config import parse_config
+from sfengine.engine.buffers import SharedWeights
+from sfengine.engine.event_loop import EngineEventLoop
+from sfengine.engine.messages import EpisodeStats, EvalResult, EvaluationRequest, LearnerReport
+from sfengine.engine.runner import Runner
 from sfengine.env.multitask import TaskInfo
+from sfengine.env.registry import resolve_env_factory
 from sfengine.evaluation.episode_queue import SINGLE_TASK, EvalEpisode, training_evaluation_episodes
+from sfengine.evaluation.training_evaluator import TrainingEvaluator
+from sfengine.models.actor_critic import ActorCritic
 from sfengine.reporting.events import read_scalars
 from sfengine_envs.multitask_toy import NUM_TASKS
 
@@ -26,6 +34,50 @@ def test_capped_evaluations_cycle_through_every_init_state():
     assert training_evaluation_episodes(None, 3, eval_episodes=3) == [
         EvalEpisode(SINGLE_TASK, s, False) for s in range(3)
     ]
+
+
+def test_a_respawned_evaluator_goes_on_cycling_init_states_where_its_predecessor_stopped(train_dir):
+    # A respawn builds the evaluator anew from its start-up arguments, and a resume starts a new run: each learns
+    # from the runner's request which evaluation it plays, so the init states go on cycling instead of restarting.
+    from sfengine.train import probe_env
+
+    cfg = parse_config(["--env=multitask_toy", "--eval_every_env_steps=1000", "--eval_episodes_per_task=2"])
+    factory = resolve_env_factory("multitask_toy")
+    obs_spec, action_spec, tasks = probe_env(cfg, factory)
+    runner = Runner(EngineEventLoop("test_eval_index_runner", serial_mode=True), cfg, 0, tasks.task_names)
+    sent = []
+    runner.emit = lambda name, *args: sent.append((name, *args))
+    episode = EpisodeStats(1.0, 10, 1.0, 0, 0)
+    for done in range(3):
+        runner.on_learner_report(LearnerReport(1000 * (done + 1), done, 0.1, 0.0, {}))
+        runner.on_evaluation_done(EvalResult(1000 * (done + 1), done, [episode], 1.0))
+    runner.on_evaluation_done(EvalResult(3000, 3, [episode], 1.0, final=True))  # a final one plays the next's
+    requests = [args[0] for name, *args in sent if name == "evaluate"]
+    assert requests == [EvaluationRequest(1000 * (i + 1), i) for i in range(3)] and runner.evaluations_done == 3
+    # A run resumed at 5,000 env steps had 5 evaluations behind it.
+    assert Runner(EngineEventLoop("test_eval_index_resumed", serial_mode=True), cfg, 5000).evaluations_done == 5
+
+    model = ActorCritic.for_config(cfg, obs_spec, action_spec)
+    weights = SharedWeights.allocate(model)
+    weights.publish(model, 0)
+    successor = TrainingEvaluator(
+        EngineEventLoop("test_eval_index_evaluator", serial_mode=True),
+        cfg,
+        weights,
+        factory,
+        obs_spec,
+        action_spec,
+        tasks,
+    )
+    successor.on_start()
+    try:
+        successor.on_evaluate(EvaluationRequest(4000, 3))
+        # Its envs took the first episodes of the list; the rest wait.
+        pending, first = successor.source.pending, training_evaluation_episodes(tasks, 0, per_task=2)
+        expected = training_evaluation_episodes(tasks, 3, per_task=2)
+        assert 0 < len(pending) < len(expected) and pending == expected[-len(pending) :] != first[-len(pending) :]
+    finally:
+        successor.on_stop()
 
 
 @pytest.mark.slow
