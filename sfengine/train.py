@@ -24,7 +24,9 @@ import logging
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,6 +39,7 @@ from sfengine.config import (
     option_table,
     parse_config,
     save_config,
+    validate,
 )
 from sfengine.engine.checkpoint import (
     CheckpointError,
@@ -49,7 +52,7 @@ from sfengine.engine.checkpoint import (
 from sfengine.engine.distributed import RankInfo
 from sfengine.engine.event_loop import end_process_now, start_command
 from sfengine.engine.fork_server import component_context
-from sfengine.engine.sizing import Machine, resolve_auto_options
+from sfengine.engine.sizing import SAMPLER_LAYOUT, Machine, env_step_seconds, resolve_auto_options
 from sfengine.env.check import EnvAPIError, check_env_api
 from sfengine.env.multitask import TaskInfo, selected_init_states, task_info
 from sfengine.env.registry import EnvFactory, env_context, env_sizer, resolve_env_factory
@@ -120,9 +123,12 @@ def check_trained_tasks(cfg: Config, tasks: TaskInfo | None, ranks: RankInfo) ->
         )
 
 
-def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, TaskInfo | None]:
+def probe_env(
+    cfg: Config, factory: EnvFactory, checked: Callable[[Any, dict | None], None] | None = None
+) -> tuple[ObsSpec, ActionSpec, TaskInfo | None]:
     """Build one env in this process to learn its spaces (and tasks, for a multi-task env), reset it and play one
-    step to check it keeps gymnasium's API and its spaces (sfengine.env.check), then close it."""
+    step to check it keeps gymnasium's API and its spaces (sfengine.env.check), then close it. ``checked(env,
+    reset_options)`` is called with the env once it has passed (train times its step there)."""
     try:
         env = factory(env_context(cfg, -1, 0, cfg.env.seed))
     except Exception as exc:  # noqa: BLE001  (any failure here is a failure to build the user's env)
@@ -139,6 +145,8 @@ def probe_env(cfg: Config, factory: EnvFactory) -> tuple[ObsSpec, ActionSpec, Ta
         obs_spec, tasks = obs_spec_from_space(env.observation_space), task_info(env)
         first = {"task": cfg.env.tasks[0] if cfg.env.tasks else 0, "init_state": 0} if tasks is not None else None
         check_env_api(env, obs_spec, cfg.env.seed, first)
+        if checked is not None:
+            checked(env, first)
         return obs_spec, action_spec, tasks
     except (UnsupportedSpaceError, EnvAPIError) as exc:
         raise ConfigError(f"env '{cfg.env.env}': {exc}") from None
@@ -304,6 +312,27 @@ def load_init_from(cfg: Config, resuming: bool) -> tuple[Path, dict] | None:
         raise CheckpointError(f"--init_from: {exc}") from None
 
 
+def wants_layout(cfg: Config, ranks: RankInfo) -> bool:
+    """Whether the run's algorithm would choose its own sampler layout (``Algorithm.layout``) here: nothing gives
+    one, and the run has one rank (ranks that timed their envs apart could choose apart)."""
+    given = cfg.chosen.intersection(SAMPLER_LAYOUT)
+    return algorithm_for(cfg).layout is not None and not given and ranks.world_size == 1
+
+
+def algorithm_layout(cfg: Config, step_sec: float) -> str | None:
+    """The algorithm's layout for an env step of ``step_sec``, and its line; the engine's where that layout would
+    not fit the run's other options."""
+    engine = {name: cfg.get(name) for name in SAMPLER_LAYOUT}
+    line = algorithm_for(cfg).layout(cfg, step_sec)
+    try:
+        validate(cfg)
+    except ConfigError:
+        for name, value in engine.items():
+            cfg.set(name, value)
+        return None
+    return line
+
+
 def inference_dtype_warning(cfg: Config, obs_spec: ObsSpec) -> str | None:
     """Why --inference_dtype=bfloat16 would not help here, if it would not."""
     if cfg.sampler.inference_dtype != "bfloat16":
@@ -325,11 +354,21 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.sampler.serial_mode:
             component_context()  # the fork server imports torch for the components while this process goes on
         factory = resolve_env_factory(cfg.env.env)
-        obs_spec, action_spec, tasks = probe_env(cfg, factory)
+        step_sec: list[float] = []
+
+        def time_step(env, reset_options: dict | None) -> None:
+            try:
+                step_sec.append(env_step_seconds(env, reset_options))
+            except Exception:  # noqa: BLE001  (the workers rebuild an env that fails; the engine's layout stays)
+                log.warning("env '%s' failed in a timed step; keeping the engine's sampler layout", cfg.env.env)
+
+        obs_spec, action_spec, tasks = probe_env(cfg, factory, time_step if wants_layout(cfg, ranks) else None)
         env_defaults = env_defaults_preset(cfg.env.env)
         resumed = cfg.run.restart_behavior == "resume" and (cfg.experiment_dir / "config.json").is_file()
         if env_defaults is not None and not resumed:
             print(f"defaults for --env={cfg.env.env} from {env_defaults}", flush=True)
+        if step_sec and (layout := algorithm_layout(cfg, step_sec[0])):
+            print(layout, flush=True)
         sizing = resolve_auto_options(cfg, env_sizer(cfg.env.env), tasks, Machine.here(ranks.local_world_size))
         if sizing:
             print(sizing, flush=True)

@@ -39,6 +39,10 @@ A spec (``Algorithm``) declares what the engine needs and nothing more:
                    RuntimeError of ``load_state_dict``; None: nothing to check beyond the policy
     status(cfg, stats)     its words on the status line from its last update's statistics (PPO: the clip mode's
                    KL, clipped share, ratio range), or None; every statistic goes to TensorBoard in any case
+    layout(cfg, env_step_sec)   the sampler layout it takes for an env whose random step was timed at start, where
+                   no layer gives one (sizing.SAMPLER_LAYOUT): it sets the options and returns the start line that
+                   says so, or None to keep the engine's (SAC and TD3: few envs in step with the learner on a
+                   cheap env); one rank only
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class Algorithm:
     status: Callable[[Config, dict], str | None] | None = None
     check: Callable[..., None] | None = None
     check_resume: Callable[..., None] | None = None
+    layout: Callable[[Config, float], str | None] | None = None
     name: str = ""  # set by register_algorithm
 
     def needs_critic(self, cfg: Config) -> bool:

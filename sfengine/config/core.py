@@ -89,6 +89,8 @@ class Config:
     debug: DebugConfig = field(default_factory=DebugConfig)
     # The declared env option groups, each created with its defaults when first used.
     env_options: dict[str, Any] = field(default_factory=dict)
+    # The options some layer set (the env's preset, a saved run, --cfg, the command line); the rest are defaults.
+    chosen: set[str] = field(default_factory=set)
 
     def options_group(self, group: str) -> Any:
         """The options of an engine group (``"sampler"``) or of a declared env or algorithm group (``"libero"``,

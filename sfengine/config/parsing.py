@@ -154,6 +154,7 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
     # An algorithm's own defaults outrank the env's (those are PPO's: --num_epochs=4 would stop --algo=sac).
     chosen = [layer for layer in layers if env_defaults is None or layer[1] != str(env_defaults)]
     cfg = _layered(layers)
+    cfg.chosen = {name for overrides, _ in layers for name in overrides}
     table, own_groups = option_table(), cfg.own_groups()
     for overrides, source in given:
         for name in overrides:

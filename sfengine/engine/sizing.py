@@ -13,6 +13,8 @@ learner, and its episode queue keeps each env on one task at a time, so an env n
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +24,9 @@ from sfengine.config import AUTO, Config, auto_options, option_table, validate
 from sfengine.env.multitask import TaskInfo
 
 DEFAULT_ENVS_PER_WORKER = 8
+# The options that shape sampling. An algorithm's own layout (``Algorithm.layout``: SAC's on a cheap env) applies
+# only where none of them is given by the env's preset, a saved run, --cfg or the command line.
+SAMPLER_LAYOUT = ("num_workers", "num_envs_per_worker", "worker_num_splits", "async_rl", "rollout")
 
 
 @dataclass(frozen=True)
@@ -66,3 +71,18 @@ def resolve_auto_options(
     validate(cfg)
     values = ", ".join(f"{name}={cfg.get(name)}" for name in chosen)
     return f"auto: {values} ({reason})"
+
+
+def env_step_seconds(env, reset_options: dict | None, budget_sec: float = 0.05, max_steps: int = 64) -> float:
+    """The median time of one random step of ``env`` (reset already), over up to ``max_steps`` steps within about
+    ``budget_sec``; an episode that ends is reset with ``reset_options``."""
+    times = []
+    started = time.perf_counter()
+    while len(times) < max_steps and (not times or time.perf_counter() - started < budget_sec):
+        action = env.action_space.sample()
+        before = time.perf_counter()
+        _, _, terminated, truncated, _ = env.step(action)
+        times.append(time.perf_counter() - before)
+        if terminated or truncated:
+            env.reset(options=reset_options)
+    return statistics.median(times)

@@ -25,7 +25,11 @@ def start_block(cfg: Config, resumed_env_steps: int = 0, world_size: int = 1) ->
     mode = (
         "serial mode (one process)"
         if s.serial_mode
-        else ("asynchronous (policy lag allowed)" if s.async_rl else "synchronous (on-policy, policy lag 0)")
+        else (
+            "asynchronous (policy lag allowed)"
+            if s.async_rl
+            else "synchronous (the envs wait for each update: policy lag 0)"
+        )
     )
     stops = [f"{run.train_for_env_steps:,} env steps"]
     if run.train_for_seconds:

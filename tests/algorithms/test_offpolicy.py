@@ -10,7 +10,9 @@ import json
 import math
 import subprocess
 import textwrap
+import time
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -23,7 +25,10 @@ from sfengine.algorithms.td3.trainer import TD3Trainer
 from sfengine.config import Config, ConfigError, parse_config
 from sfengine.demos import Demo, DemoSet, write_demos
 from sfengine.engine.buffers import TrajectoryBuffers
+from sfengine.engine.distributed import RankInfo
+from sfengine.engine.sizing import env_step_seconds
 from sfengine.env.spaces import ActionSpec, ObsSpec
+from sfengine.train import algorithm_layout, wants_layout
 
 OBS_SPEC = ObsSpec({"obs": (3,)}, {"obs": torch.float32})
 ACTION_SPEC = ActionSpec(discrete=False, dim=2, low=(-2.0, 0.0), high=(2.0, 1.0))
@@ -247,6 +252,69 @@ def test_sac_rules_are_one_line_errors():
     assert cfg.algorithm_options.critic_learning_rate == 1e-3
     assert parse_config(["--algo=td3"]).algorithm_options.critic_learning_rate == 3e-4
     assert parse_config(["--algo=sac", "--critic_learning_rate=3e-4"]).algorithm_options.critic_learning_rate == 3e-4
+
+
+class SlowStepEnv(gym.Env):
+    """A step of ``step_sec`` (a simulator slower than a gradient step) in a 2-dim box."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def __init__(self, step_sec: float):
+        self.step_sec, self.steps = step_sec, 0
+
+    def reset(self, seed=None, options=None):
+        self.steps = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        time.sleep(self.step_sec)
+        self.steps += 1
+        return np.zeros(2, np.float32), 0.0, False, self.steps >= 3, {}
+
+
+def test_sac_takes_few_envs_in_step_with_the_learner_on_a_cheap_env_where_nothing_gives_a_layout():
+    one_rank, two_ranks = RankInfo(), RankInfo(world_size=2, local_world_size=2)
+    cfg = parse_config(["--algo=sac", "--env=HalfCheetah-v5"])
+    assert wants_layout(cfg, one_rank) and not wants_layout(cfg, two_ranks)
+    cheetah = gym.make("HalfCheetah-v5")
+    cheetah.reset(seed=0)
+    line = algorithm_layout(cfg, env_step_seconds(cheetah, None))
+    assert line.startswith("a cheap env (") and "give any of these options for another layout" in line
+    s = cfg.sampler
+    assert (s.num_workers, s.num_envs_per_worker, s.worker_num_splits, s.async_rl, s.rollout) == (1, 4, 2, False, 16)
+    # An env slower than a gradient step keeps the engine's many asynchronous envs: there the envs set the pace.
+    slow = SlowStepEnv(0.002)
+    slow.reset()
+    cfg = parse_config(["--algo=td3", "--env=HalfCheetah-v5"])
+    assert algorithm_layout(cfg, env_step_seconds(slow, None)) is None and slow.steps < 3  # reset at its limit
+    assert (cfg.sampler.num_workers, cfg.sampler.num_envs_per_worker, cfg.sampler.async_rl) == (2, 8, True)
+    # A layout given anywhere stays whole: on the command line, in --cfg, in the env's own preset (LIBERO's).
+    for given in (["--num_envs_per_worker=8"], ["--rollout=64"], ["--cfg=sac_mujoco"], ["--env=libero_object"]):
+        assert not wants_layout(parse_config(["--algo=td3", "--env=HalfCheetah-v5", *given]), one_rank), given
+    assert not wants_layout(parse_config(["--env=HalfCheetah-v5"]), one_rank)  # PPO keeps the engine's
+    # A layout that would not fit the run's other options is not taken.
+    cfg = parse_config(["--algo=sac", "--env=HalfCheetah-v5", "--batch_size=40", "--num_batches_per_epoch=4"])
+    assert algorithm_layout(cfg, 1e-5) is None and cfg.sampler.rollout == 32
+
+
+@pytest.mark.slow
+def test_a_cheap_env_layout_is_printed_saved_and_kept_on_resume(train_dir):
+    args = ["--algo=sac", "--env=sparse_reach", "--learning_starts=256", "--hidden_sizes=16,16"]
+    first = run_train(train_dir, "layout", *args, "--train_for_env_steps=512")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "a cheap env (" in first.stdout and "1 rollout workers x 4 envs" in first.stdout
+    saved = json.loads((train_dir / "layout" / "config.json").read_text())["sampler"]
+    assert (saved["num_workers"], saved["num_envs_per_worker"], saved["async_rl"], saved["rollout"]) == (
+        1,
+        4,
+        False,
+        16,
+    )
+    resumed = run_train(train_dir, "layout", *args, "--train_for_env_steps=1024")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "a cheap env (" not in resumed.stdout and "1 rollout workers x 4 envs" in resumed.stdout
+    assert read_summary(train_dir, "layout")["env_steps"] >= 1024
 
 
 RECORDING_SCRIPT = textwrap.dedent(
