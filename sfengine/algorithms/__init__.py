@@ -40,9 +40,9 @@ A spec (``Algorithm``) declares what the engine needs and nothing more:
     status(cfg, stats)     its words on the status line from its last update's statistics (PPO: the clip mode's
                    KL, clipped share, ratio range), or None; every statistic goes to TensorBoard in any case
     layout(cfg, env_step_sec)   the sampler layout it takes for an env whose random step was timed at start, where
-                   no layer gives one (sizing.SAMPLER_LAYOUT): it sets the options and returns the start line that
-                   says so, or None to keep the engine's (SAC and TD3: few envs in step with the learner on a
-                   cheap env); one rank only
+                   no layer gives one (sizing.SAMPLER_LAYOUT), and what goes with it: it sets the options and
+                   returns the start line that says so, or None to keep the engine's (SAC and TD3 on a cheap env:
+                   few envs in step with the learner, critics without LayerNorm); one rank only
 """
 
 from __future__ import annotations

@@ -280,9 +280,17 @@ def test_sac_takes_few_envs_in_step_with_the_learner_on_a_cheap_env_where_nothin
     cheetah = gym.make("HalfCheetah-v5")
     cheetah.reset(seed=0)
     line = algorithm_layout(cfg, env_step_seconds(cheetah, None))
-    assert line.startswith("a cheap env (") and "give any of these options for another layout" in line
+    assert line.startswith("a cheap env (") and "give any of the layout's options for another" in line
     s = cfg.sampler
     assert (s.num_workers, s.num_envs_per_worker, s.worker_num_splits, s.async_rl, s.rollout) == (1, 4, 2, False, 16)
+    assert "critic_layer_norm=False" in line and not cfg.algorithm_options.critic_layer_norm
+    # So SAC's defaults on a cheap env are the MuJoCo preset's, whose 3-seed figures benchmarks/README.md reports.
+    assert cfg.to_dict() == parse_config(["--cfg=sac_mujoco", "--env=HalfCheetah-v5"]).to_dict()
+    # LayerNorm stays where it is asked for, or where the replay ratio is high (it keeps the critics from diverging).
+    for given in (["--critic_layer_norm=true"], ["--replay_ratio=2"]):
+        cfg = parse_config(["--algo=sac", "--env=HalfCheetah-v5", *given])
+        assert "critic_layer_norm" not in algorithm_layout(cfg, 1e-5) and cfg.algorithm_options.critic_layer_norm
+        assert cfg.sampler.num_envs_per_worker == 4
     # An env slower than a gradient step keeps the engine's many asynchronous envs: there the envs set the pace.
     slow = SlowStepEnv(0.002)
     slow.reset()
@@ -304,7 +312,9 @@ def test_a_cheap_env_layout_is_printed_saved_and_kept_on_resume(train_dir):
     first = run_train(train_dir, "layout", *args, "--train_for_env_steps=512")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "a cheap env (" in first.stdout and "1 rollout workers x 4 envs" in first.stdout
-    saved = json.loads((train_dir / "layout" / "config.json").read_text())["sampler"]
+    saved = json.loads((train_dir / "layout" / "config.json").read_text())
+    assert saved["offpolicy"]["critic_layer_norm"] is False
+    saved = saved["sampler"]
     assert (saved["num_workers"], saved["num_envs_per_worker"], saved["async_rl"], saved["rollout"]) == (
         1,
         4,
