@@ -322,12 +322,12 @@ def wants_layout(cfg: Config, ranks: RankInfo) -> bool:
 def algorithm_layout(cfg: Config, step_sec: float) -> str | None:
     """The algorithm's layout for an env step of ``step_sec``, and its line; the engine's where that layout would
     not fit the run's other options."""
-    engine = {name: cfg.get(name) for name in SAMPLER_LAYOUT}
+    before = {name: value for group in cfg.to_dict().values() for name, value in group.items()}
     line = algorithm_for(cfg).layout(cfg, step_sec)
     try:
         validate(cfg)
     except ConfigError:
-        for name, value in engine.items():
+        for name, value in before.items():
             cfg.set(name, value)
         return None
     return line

@@ -303,7 +303,7 @@ def test_sac_takes_few_envs_in_step_with_the_learner_on_a_cheap_env_where_nothin
     assert not wants_layout(parse_config(["--env=HalfCheetah-v5"]), one_rank)  # PPO keeps the engine's
     # A layout that would not fit the run's other options is not taken.
     cfg = parse_config(["--algo=sac", "--env=HalfCheetah-v5", "--batch_size=40", "--num_batches_per_epoch=4"])
-    assert algorithm_layout(cfg, 1e-5) is None and cfg.sampler.rollout == 32
+    assert algorithm_layout(cfg, 1e-5) is None and cfg.sampler.rollout == 32 and cfg.algorithm_options.critic_layer_norm
 
 
 @pytest.mark.slow
