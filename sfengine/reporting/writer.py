@@ -15,8 +15,10 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 
 from tensorboardX import SummaryWriter
+from tensorboardX.proto.event_pb2 import Event
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,10 @@ class TensorBoardWriter:
     def __init__(self, logdir: str, flush_secs: int = 10, queue_size: int = 100_000):
         self.logdir = logdir
         self.writer = SummaryWriter(logdir, flush_secs=flush_secs)
+        # tensorboardX's event queue starts a feeder thread at its first event. Given one here, in the start-up, no
+        # thread starts once the run is under way: a SIGUSR1 stack dump (faulthandler, every thread) that met one
+        # starting crashed the process. The event is the file's version record, which every event file begins with.
+        self.writer.file_writer.add_event(Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.queue: queue.Queue = queue.Queue(queue_size)
         self.dropped = 0
         self.failure: str | None = None
