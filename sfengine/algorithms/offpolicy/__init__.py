@@ -10,7 +10,7 @@ import psutil
 
 from sfengine.algorithms import TRAJECTORIES, Algorithm, imported, imported_on_call
 from sfengine.algorithms.offpolicy.options import OffPolicyOptions
-from sfengine.config import Config, ConfigError
+from sfengine.config import Config, ConfigError, apply_overrides, load_preset
 
 if TYPE_CHECKING:
     from sfengine.env.spaces import ActionSpec, ObsSpec
@@ -32,36 +32,33 @@ OFF_POLICY_DEFAULTS = {
 
 # Where an env step costs less than this, a gradient step (several ms on a CPU core) sets the pace of a run at
 # replay ratio 1, and more envs acting asynchronously only make the acting policy older: HalfCheetah-v5 reached
-# twice the return at 50k env steps with these 4 envs in step with the learner as with the engine's 16 asynchronous
-# ones (benchmarks/README.md, "SAC's own layout on a cheap env"). A slower env keeps the engine's layout: there the
-# envs set the pace.
+# twice the return at 50k env steps with the cheap-env preset's 4 envs in step with the learner as with the engine's
+# 16 asynchronous ones (benchmarks/README.md, "SAC's own layout on a cheap env"). A slower env keeps the engine's
+# layout: there the envs set the pace.
 CHEAP_STEP_SEC = 1e-3
-CHEAP_ENV_LAYOUT = {
-    "num_workers": 1,
-    "num_envs_per_worker": 4,
-    "worker_num_splits": 2,
-    "async_rl": False,
-    "rollout": 16,
-}
+CHEAP_ENV_PRESET = "sac_mujoco"
 
 
 def layout(cfg: Config, step_sec: float) -> str | None:
-    """On a cheap env, the layout of ``configs/sac_mujoco.yaml``; and its critics without LayerNorm, unless given or
-    the replay ratio is above 1: LayerNorm keeps critics from diverging at high replay ratios, and at 1 the critics
-    did as well or better without it on the three cheap envs measured (Hopper-v5 2,735 against 1,857 at 300k env
-    steps, HalfCheetah-v5 8,209 against 8,104, sparse_reach to 0.9 success in 6,827 against 8,021 env steps; 3 seeds
-    each, benchmarks/README.md). LIBERO's residual runs, whose env steps are not cheap, keep it."""
+    """On a cheap env, the sampler layout of ``configs/sac_mujoco.yaml``; and its critics without LayerNorm, unless
+    given or the replay ratio is above 1: LayerNorm keeps critics from diverging at high replay ratios, and at 1 the
+    critics did as well or better without it on the three cheap envs measured (Hopper-v5 2,735 against 1,857 at 300k
+    env steps, HalfCheetah-v5 8,209 against 8,104, sparse_reach to 0.9 success in 6,827 against 8,021 env steps; 3
+    seeds each, benchmarks/README.md). LIBERO's residual runs, whose env steps are not cheap, keep it."""
+    from sfengine.engine.sizing import SAMPLER_LAYOUT
+
     if step_sec >= CHEAP_STEP_SEC:
         return None
-    chosen = dict(CHEAP_ENV_LAYOUT)
+    preset = load_preset(CHEAP_ENV_PRESET)
+    taken = [*SAMPLER_LAYOUT]
     if "critic_layer_norm" not in cfg.chosen and cfg.algorithm_options.replay_ratio <= 1:
-        chosen["critic_layer_norm"] = False
-    for name, value in chosen.items():
-        cfg.set(name, value)
-    settings = ", ".join(f"{name}={value}" for name, value in chosen.items())
+        taken.append("critic_layer_norm")
+    chosen = {name: preset[name] for name in taken if name in preset}
+    apply_overrides(cfg, chosen, f"--cfg={CHEAP_ENV_PRESET}")
+    settings = ", ".join(f"{name}={cfg.get(name)}" for name in chosen)
     return (
-        f"a cheap env ({step_sec * 1e3:.2f} ms a step): {settings}, so that the envs act with the learner's newest "
-        "weights (give any of the layout's options for another)"
+        f"a cheap env ({step_sec * 1e3:.2f} ms a step): {settings} (as --cfg={CHEAP_ENV_PRESET}), so that the envs "
+        "act with the learner's newest weights (give any of the layout's options for another)"
     )
 
 
