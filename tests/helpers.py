@@ -349,3 +349,25 @@ def assert_nothing_left(processes: list[psutil.Process], shm_before: set[str]) -
     _, alive = psutil.wait_procs(processes, timeout=15)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()
+
+
+@contextlib.contextmanager
+def registered_base(name: str, seed: int):
+    """A registered model to put a residual over (``--residual_over=name``): the built-in policy, without a critic,
+    for the env's spaces, with random weights of its own (seeded). Unregistered at the end."""
+    import torch
+
+    from sfengine.models.actor_critic import MODELS, ActorCritic
+
+    def factory(cfg, obs_spec, action_spec):
+        torch.manual_seed(seed)
+        model = ActorCritic(obs_spec, action_spec, cfg.model, critic=False)
+        with torch.no_grad():
+            model.policy_head.weight.normal_()
+        return model
+
+    MODELS[name] = factory
+    try:
+        yield factory
+    finally:
+        del MODELS[name]

@@ -132,9 +132,13 @@ def mlp(sizes: list[int], activation: type[nn.Module]) -> nn.Sequential:
 
 
 class CNNEncoder(nn.Module):
-    """uint8 H x W x C image -> feature vector. Normalises to [0, 1] on the consumer side."""
+    """uint8 H x W x C image -> feature vector. Normalises to [0, 1] on the consumer side. ``layer_norm``: the
+    features leave through LayerNorm and tanh instead of the activation (the off-policy critics' encoders, as
+    DrQ's: bounded features keep the critics' values from running away)."""
 
-    def __init__(self, shape: tuple[int, int, int], activation: type[nn.Module], out_dim: int = 256):
+    def __init__(
+        self, shape: tuple[int, int, int], activation: type[nn.Module], out_dim: int = 256, layer_norm: bool = False
+    ):
         super().__init__()
         height, width, channels = shape
         # Large images: the classic 8/4/3 stack. Small ones: padded 3x3 convs, which fit any size.
@@ -150,7 +154,8 @@ class CNNEncoder(nn.Module):
         self.convs = nn.Sequential(*convs, nn.Flatten())
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, channels, height, width)).shape[1]
-        self.out = nn.Sequential(nn.Linear(flat, out_dim), activation())
+        ending = [nn.LayerNorm(out_dim), nn.Tanh()] if layer_norm else [activation()]
+        self.out = nn.Sequential(nn.Linear(flat, out_dim), *ending)
         self.out_dim = out_dim
 
     def forward(self, image: Tensor) -> Tensor:

@@ -411,7 +411,7 @@ def test_sac_learns_pendulum_in_multi_process_mode(train_dir, flow, lag_limit):
     assert summary["policy_lag_mean"] <= lag_limit, summary
 
 
-def test_a_replay_that_cannot_fit_and_image_observations_are_one_line_errors_before_anything_starts(train_dir):
+def test_a_replay_that_cannot_fit_and_a_bad_image_shift_are_one_line_errors_before_anything_starts(train_dir):
     from sfengine.algorithms.offpolicy.replay import check_replay_fits
 
     with pytest.raises(
@@ -421,7 +421,7 @@ def test_a_replay_that_cannot_fit_and_image_observations_are_one_line_errors_bef
     check_replay_fits(1_000, OBS_SPEC, ACTION_SPEC, available=2**30)
     for args, message in [
         (["--env=Pendulum-v1", "--replay_size=100000000000"], "--replay_size=100000000000 needs"),
-        (["--env=image_bandit"], "--algo=sac reads vector observations, and this env has image observations (image)"),
+        (["--env=image_reach", "--image_shift=0.5"], "--image_shift=0.5 is a fraction of an image's side"),
     ]:
         result = run_train(train_dir, "sac_bad", "--algo=sac", *args, timeout=120)
         errors = [line for line in result.stderr.splitlines() if line.startswith("sfengine.train: error")]
@@ -497,10 +497,13 @@ def test_td3_acts_with_clipped_noise_and_learns_towards_its_target_actors_smooth
     assert (acting[:, 0].abs() <= 2).all() and (acting[:, 1] >= 0).all() and (acting[:, 1] <= 1).all()
     spread = (acting - mode)[mode[:, 0].abs() < 1, 0]  # far from the edges: noise of 0.1 half-ranges (2)
     assert spread.std().item() == pytest.approx(0.2, rel=0.1) and spread.mean().abs() < 0.02
-    # Without target noise the target is the subset minimum of the target critics at the target actor's action.
+    # Without target noise the target is the subset minimum of the target critics at the target actor's action,
+    # which reads the observations as the actor's normaliser does now (the target actor's copy of it is never
+    # updated): here, with the target actor's weights still the actor's, the actor's own action.
+    actor.update_normalizers({"obs": torch.randn(500, 3) * 4 + 2})
     features = trainer.features(obs)
     value = trainer.target_value(obs, features)
-    target_action = trainer.target_actor.mode(trainer.target_actor.policy_params(obs))[0]
+    target_action = actor.mode(actor.policy_params(obs))[0]
     expected = trainer.target_critics(features, actor.to_unit(target_action)).min(0).values
     assert torch.allclose(value, expected)
     # With it, each draw is clipped to --target_noise_clip half-ranges.
@@ -538,7 +541,7 @@ def test_the_actor_climbs_the_ensembles_mean_q_or_its_minimum(reduce):
     actions, _ = trainer.model.sample(trainer.model.policy_params(obs))
     q = trainer.critics(trainer.features(obs), trainer.model.unit_actions(actions))
     expected = q.mean(0) if reduce == "mean" else q.min(0).values
-    assert torch.allclose(trainer.actor_q(obs, actions), expected)
+    assert torch.allclose(trainer.actor_q(trainer.features(obs), actions), expected)
     assert not torch.allclose(q.mean(0), q.min(0).values)  # the members differ, so the two choices do
 
 
@@ -569,8 +572,8 @@ def test_with_the_peers_settings_one_sac_step_is_the_textbook_update():
         return unit, log_prob
 
     torch.manual_seed(11)
-    trainer.critic_step(b)
-    trainer.actor_step(b)
+    features = trainer.critic_step(b)[1]
+    trainer.actor_step(b, features.detach())
     torch.manual_seed(11)
     with torch.no_grad():
         next_unit, next_log_prob = policy(b.next_obs)

@@ -14,14 +14,13 @@ import sys
 import pytest
 import torch
 
-from helpers import evaluate, read_summary, run_train, scripted_demos
+from helpers import evaluate, read_summary, registered_base, run_train, scripted_demos
 from sfengine.algorithms.offpolicy.residual import base_identity, load_base
 from sfengine.config import ConfigError, parse_config
 from sfengine.demos import write_demos
 from sfengine.engine.checkpoint import load_latest_checkpoint
 from sfengine.env.registry import resolve_env_factory
 from sfengine.env.spaces import ActionSpec, ObsSpec
-from sfengine.models.actor_critic import MODELS, ActorCritic
 from sfengine.reporting.events import read_scalars
 from sfengine.train import probe_env
 
@@ -32,17 +31,8 @@ ACTION_SPEC = ActionSpec(discrete=False, dim=2, low=(-2.0, 0.0), high=(2.0, 1.0)
 @pytest.fixture
 def base_model():
     """A registered model as the base: a Gaussian policy with weights of its own (seeded)."""
-
-    def factory(cfg, obs_spec, action_spec):
-        torch.manual_seed(123)
-        model = ActorCritic(obs_spec, action_spec, cfg.model, critic=False)
-        with torch.no_grad():
-            model.policy_head.weight.normal_()
-        return model
-
-    MODELS["test_base"] = factory
-    yield factory
-    del MODELS["test_base"]
+    with registered_base("test_base", 123) as factory:
+        yield factory
 
 
 # A chunk of 2 of those actions a decision (--action_chunk=2).

@@ -149,6 +149,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError("--bc_weight pulls the actor toward the demonstrations: give them with --demos=FILE")
     if options.learning_starts < 0:
         raise ConfigError(f"--learning_starts={options.learning_starts} must not be negative")
+    if not 0 <= options.image_shift < 0.5:
+        raise ConfigError(
+            f"--image_shift={options.image_shift:g} is a fraction of an image's side: give 0 or more, under 0.5"
+        )
 
 
 def check_base_device(options) -> None:
@@ -169,12 +173,6 @@ def check(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
     from sfengine.algorithms.offpolicy.replay import check_replay_fits
     from sfengine.demos.fit import check_demos_fit, read_run_demos
 
-    images = [key for key in obs_spec.shapes if obs_spec.is_image(key)]
-    if images:
-        raise ConfigError(
-            f"--algo={cfg.learner.algo} reads vector observations, and this env has image observations "
-            f"({', '.join(images)}): use a vector observation mode (LIBERO: --libero_obs_mode=state), or --algo=ppo"
-        )
     check_replay_fits(cfg.algorithm_options.replay_size, obs_spec, action_spec, psutil.virtual_memory().available)
     if cfg.learner.demos:
         check_demos_fit(read_run_demos(cfg), cfg, obs_spec, action_spec)

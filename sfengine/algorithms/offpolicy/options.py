@@ -62,6 +62,12 @@ class OffPolicyOptions:
     )
     target_noise: float = option(0.2, "td3: std of the noise on the target action (target policy smoothing)")
     target_noise_clip: float = option(0.5, "td3: the target action's noise is clipped to [-this, this]")
+    image_shift: float = option(
+        0.05,
+        "image observations: each image of a minibatch moves at random by up to this fraction of its side (rounded "
+        "to whole pixels) in each direction before the critics and the actor read it (DrQ's augmentation: 4 pixels "
+        "at 84); 0: as stored",
+    )
     demo_ratio: float = option(
         0.5,
         "with --demos: the share of each minibatch drawn from the demonstrations, the rest from the online replay "

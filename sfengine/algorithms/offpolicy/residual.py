@@ -141,14 +141,23 @@ class ResidualPolicy:
         self.base, self.base_mode = base, base_action == "mode"
         self.register_buffer("env_center", (high + low) / 2)
         self.register_buffer("env_half_range", (high - low) / 2)
-        # The actor reads the observation as the base normalises it, beside the base's action in [-1, 1].
+        # The actor reads the observation as the base normalises it (and its own CNNs' features of the images,
+        # which the critics train), beside the base's action in [-1, 1].
         self.normalizers = nn.ModuleDict()
         dim = action_spec.dim
-        self.encoders[self.vector_name] = mlp([base.vector_dim + dim, *cfg.hidden_sizes], ACTIVATIONS[cfg.activation])
-        for module in self.encoders.modules():
+        self.encoders[self.vector_name] = mlp(
+            [self.critic_feature_dim + dim, *cfg.hidden_sizes], ACTIVATIONS[cfg.activation]
+        )
+        for module in self.encoders[self.vector_name].modules():
             if isinstance(module, nn.Linear):
                 nn.init.orthogonal_(module.weight, gain=2**0.5)
                 nn.init.zeros_(module.bias)
+        if self.image_keys:  # the MLP reads the CNN features itself, so the head reads the MLP alone
+            head = self.policy_head
+            self.policy_head = nn.Linear(cfg.hidden_sizes[-1], head.out_features)
+            with torch.no_grad():
+                nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
+                self.policy_head.bias.copy_(head.bias)
         with torch.no_grad():  # the correction's mean starts at exactly 0: the first actions are the base's
             self.policy_head.weight[:dim] = 0.0
             self.policy_head.bias[:dim] = 0.0
@@ -192,11 +201,14 @@ class ResidualPolicy:
             torch.minimum(actions, self.env_center + self.env_half_range), self.env_center - self.env_half_range
         )
 
-    def policy_params(self, obs: dict[str, Tensor]) -> Tensor:
-        """``[the actor's params, the base's action]``."""
+    def policy_params(self, obs: dict[str, Tensor], features: Tensor | None = None) -> Tensor:
+        """``[the actor's params, the base's action]``; ``features``: the observation's ``critic_features``,
+        where the learner has them."""
         base = self.base_actions(obs)
-        features = self.encoders[self.vector_name](torch.cat([self.critic_features(obs), self.unit_actions(base)], -1))
-        return torch.cat([self._policy_params(features), base], -1)
+        if features is None:
+            features = self.critic_features(obs)
+        hidden = self.encoders[self.vector_name](torch.cat([features, self.unit_actions(base)], -1))
+        return torch.cat([self._policy_params(hidden), base], -1)
 
     def forward(self, obs: dict[str, Tensor], in_critic_units: bool = False) -> tuple[Tensor, Tensor]:
         params = self.policy_params(obs)
@@ -210,11 +222,16 @@ class ResidualPolicy:
         return (actions - self.env_center) / self.env_half_range
 
     def critic_features(self, obs: dict[str, Tensor]) -> Tensor:
-        return self.base._inputs(self.on_base(obs))[self.base.vector_name].to(self.env_center.device)
+        """The vector input as the base normalises it, then the residual's own CNN features of each image."""
+        parts = []
+        if self.base.vector_keys:
+            parts.append(self.base._inputs(self.on_base(obs))[self.base.vector_name].to(self.env_center.device))
+        parts += [self.encoders[key](obs[key]) for key in self.image_keys]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     @property
     def critic_feature_dim(self) -> int:
-        return self.base.vector_dim
+        return self.base.vector_dim + sum(self.encoders[key].out_dim for key in self.image_keys)
 
     def update_normalizers(self, obs, sum_over_ranks=None, initial: bool = False) -> None:
         """The base's input statistics are frozen with it."""

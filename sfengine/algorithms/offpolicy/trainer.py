@@ -47,7 +47,19 @@ class OffPolicyTrainer(Trainer):
         )
         self.group.broadcast_model(self.critics)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
-        self.critic_optimizer = adam(self.critics.parameters(), options.critic_learning_rate, cfg)
+        # Image observations: the model's CNNs learn with the critics, from their loss and by their optimiser; the
+        # actor reads their features detached (``critic_step`` computes them once a step for both).
+        images = model.image_parameters()
+        self.critic_side = torch.nn.ModuleList([self.critics, *(model.encoders[key] for key in model.image_keys)])
+        self.critic_optimizer = adam(self.critic_side.parameters(), options.critic_learning_rate, cfg)
+        if images:
+            own = {id(param) for param in images}
+            policy = [param for param in model.parameters() if id(param) not in own]
+            self.optimizer = adam(policy, cfg.learner.learning_rate, cfg)
+        # --image_shift in pixels, per image key (none where it rounds to 0).
+        shapes = model.obs_spec.shapes
+        self.image_shift = {key: round(options.image_shift * min(shapes[key][:2])) for key in model.image_keys}
+        self.image_shift = {key: pixels for key, pixels in self.image_shift.items() if pixels > 0}
         self.gamma = cfg.learner.gamma
         self.replay = Replay(options.replay_size, cfg.sampler.rollout, model.obs_spec, model.action_spec)
         # --demos: a replay of their own, never overwritten; --demo_ratio of each minibatch comes from it.
@@ -70,11 +82,13 @@ class OffPolicyTrainer(Trainer):
     # ---------------------------------------------------------------- what a subclass writes
 
     def target_value(self, next_obs: dict[str, Tensor], next_features: Tensor) -> Tensor:
-        """V(s') the critics bootstrap from, [N], computed without gradients."""
+        """V(s') the critics bootstrap from, [N], computed without gradients; ``next_features``: the critics' (and
+        the policy's) features of ``next_obs``."""
         raise NotImplementedError
 
-    def actor_step(self, b: NStep) -> dict[str, float]:
-        """One update of the actor (and what moves with it); its statistics."""
+    def actor_step(self, b: NStep, features: Tensor) -> dict[str, float]:
+        """One update of the actor (and what moves with it) on minibatch ``b``, whose observations' features the
+        critics computed (``features``, detached); its statistics."""
         raise NotImplementedError
 
     def round_stats(self) -> dict[str, float]:
@@ -187,12 +201,12 @@ class OffPolicyTrainer(Trainer):
     def step(self) -> dict[str, float]:
         """One gradient step: the critics, every --actor_delay steps the actor, then the targets."""
         minibatch = self.sample()
-        stats = self.critic_step(minibatch)
+        stats, features = self.critic_step(minibatch)
         self.critic_steps += 1
         warm = self.critic_steps > self.options.critic_warmup_updates
         if warm and self.critic_steps % self.options.actor_delay == 0:
             self.set_learning_rate(self.env_steps_seen)
-            stats |= self.actor_step(minibatch) | {"actor_steps": 1.0}
+            stats |= self.actor_step(minibatch, features.detach()) | {"actor_steps": 1.0}
             self.after_actor_step()
         soft_update_(self.target_critics, self.critics, self.options.tau)
         return stats
@@ -207,25 +221,34 @@ class OffPolicyTrainer(Trainer):
         sampled = self.replay.sample(online, n, gamma, self.generator)
         if self.demos is not None:
             sampled = concat(self.demos.sample(self.demo_samples, n, gamma, self.generator), sampled)
-        if self.device.type == "cpu":
-            return sampled
-        return NStep(*(to_device(field, self.device) for field in sampled))
+        if self.device.type != "cpu":
+            sampled = NStep(*(to_device(field, self.device) for field in sampled))
+        if self.image_shift:
+            shift = lambda obs: {  # noqa: E731
+                key: random_shift(value, self.image_shift[key]) if key in self.image_shift else value
+                for key, value in obs.items()
+            }
+            sampled = sampled._replace(obs=shift(sampled.obs), next_obs=shift(sampled.next_obs))
+        return sampled
 
     def features(self, obs: dict[str, Tensor]) -> Tensor:
         """What the critics read of an observation: the model's normalised vector input."""
         return self.model.critic_features(obs)
 
-    def critic_step(self, b: NStep) -> dict[str, float]:
+    def critic_step(self, b: NStep) -> tuple[dict[str, float], Tensor]:
+        """One update of the critics (and the CNNs of image observations); its statistics and the features of
+        ``b.obs`` it computed."""
         with torch.no_grad():
             target = b.returns + b.discounts * self.target_value(b.next_obs, self.features(b.next_obs))
-        q = self.critics(self.features(b.obs), self.model.unit_actions(b.actions))
+        features = self.features(b.obs)
+        q = self.critics(features, self.model.unit_actions(b.actions))
         td = q - target
         loss = td.pow(2).mean(1).sum()  # each member's own mean squared error
         self.critic_optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        self.group.average_gradients(self.critics)
+        self.group.average_gradients(self.critic_side)
         max_norm = self.cfg.learner.max_grad_norm if self.cfg.learner.max_grad_norm > 0 else math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(self.critics.parameters(), max_norm))
+        norm = float(torch.nn.utils.clip_grad_norm_(self.critic_side.parameters(), max_norm))
         finite = math.isfinite(norm)
         if finite:
             self.critic_optimizer.step()
@@ -237,7 +260,7 @@ class OffPolicyTrainer(Trainer):
             "critic_grad_norm": norm if finite else 0.0,
             "critic_nonfinite_fraction": float(not finite),
             **self.target_stats,
-        }
+        }, features
 
     def actor_terms(self, b: NStep, params: Tensor, actions: Tensor, q: Tensor) -> tuple[Tensor, dict[str, float]]:
         """What the actor's loss adds to the critics' verdict on ``actions`` (computed from ``params``, with
@@ -259,12 +282,12 @@ class OffPolicyTrainer(Trainer):
             stats["bc_distance"] = float(gap.detach())
         return extra, stats
 
-    def actor_q(self, obs: dict[str, Tensor], actions: Tensor) -> Tensor:
-        """The ensemble's mean (or, ``--actor_q=min``, minimum) Q of the actor's actions, with gradients to the
-        actions only."""
+    def actor_q(self, features: Tensor, actions: Tensor) -> Tensor:
+        """The ensemble's mean (or, ``--actor_q=min``, minimum) Q of the actor's actions in the observations of
+        ``features`` (detached), with gradients to the actions only."""
         self.critics.requires_grad_(False)
         try:
-            q = self.critics(self.features(obs).detach(), self.model.unit_actions(actions))
+            q = self.critics(features, self.model.unit_actions(actions))
             return q.min(0).values if self.options.actor_q == "min" else q.mean(0)
         finally:
             self.critics.requires_grad_(True)
@@ -301,6 +324,18 @@ class OffPolicyTrainer(Trainer):
         self.load_extra_state(state)
         if "replay" in state:
             self.replay.load_state_dict(state["replay"])
+
+
+def random_shift(images: Tensor, pad: int) -> Tensor:
+    """Each image of ``images`` [N, H, W, C] moved by its own random whole-pixel shift of up to ``pad`` pixels in
+    each direction, its edge pixels repeated into the space it leaves (DrQ's augmentation: pad, then crop at random;
+    the critics then value what the images show, not where it lies to the pixel)."""
+    n, height, width = images.shape[:3]
+    offsets = torch.randint(0, 2 * pad + 1, (2, n, 1), device=images.device)
+    rows = (torch.arange(height, device=images.device) + offsets[0] - pad).clamp(0, height - 1)  # [N, H]
+    cols = (torch.arange(width, device=images.device) + offsets[1] - pad).clamp(0, width - 1)  # [N, W]
+    batch = torch.arange(n, device=images.device)[:, None, None]
+    return images[batch, rows[:, :, None], cols[:, None, :]]
 
 
 def to_device(field, device: torch.device):

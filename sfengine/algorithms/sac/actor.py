@@ -15,12 +15,12 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from sfengine.algorithms.offpolicy.residual import ResidualPolicy
 from sfengine.config import Config, ConfigError
 from sfengine.env.spaces import ActionSpec, ObsSpec
-from sfengine.models.actor_critic import ActorCritic, PolicyOutput
+from sfengine.models.actor_critic import ACTIVATIONS, ActorCritic, CNNEncoder, PolicyOutput
 from sfengine.models.distributions import gaussian_entropy, gaussian_log_prob
 
 EDGE = 1e-6  # how close to the box's edge an action is taken back through atanh
@@ -42,6 +42,12 @@ class SquashedGaussianActor(ActorCritic):
                 "the env finite action bounds (a gymnasium.wrappers.RescaleAction, for example)"
             )
         super().__init__(obs_spec, action_spec, cfg, critic=False)
+        for key in self.image_keys:  # the critics' encoders: bounded features (see critic_features)
+            self.encoders[key] = CNNEncoder(obs_spec.shapes[key], ACTIVATIONS[cfg.activation], layer_norm=True)
+            for module in self.encoders[key].modules():
+                if isinstance(module, (nn.Linear, nn.Conv2d)):
+                    nn.init.orthogonal_(module.weight, gain=math.sqrt(2))
+                    nn.init.zeros_(module.bias)
         self.register_buffer("action_center", (high + low) / 2)
         self.register_buffer("action_half_range", (high - low) / 2)
         # 1 until the learner's first gradient step under --initial_actions=uniform: the agent then acts uniformly
@@ -75,18 +81,39 @@ class SquashedGaussianActor(ActorCritic):
         """Actions in the policy's box -> [-1, 1]."""
         return (actions - self.action_center) / self.action_half_range
 
-    # What the critics read: the env's actions in [-1, 1] and the observation's normalised vector input. (A
-    # residual policy's own box is its correction's, and its observation features are its frozen base's.)
+    # What the critics read: the env's actions in [-1, 1], and the observation's normalised vector input beside the
+    # CNN features of its images. The CNNs learn from the critics' loss alone (DrQ's and SAC-AE's rule: the actor's
+    # gradient through them makes image RL unstable), and the actor reads their features as the critics computed
+    # them. (A residual policy's own box is its correction's; it reads the vector as its frozen base normalises it.)
 
     def unit_actions(self, actions: Tensor) -> Tensor:
         return self.to_unit(actions)
 
     def critic_features(self, obs: dict[str, Tensor]) -> Tensor:
-        return self._inputs(obs)[self.vector_name]
+        """[N, critic_feature_dim]: the normalised vector input, then each image key's CNN features."""
+        inputs = self._inputs(obs)
+        parts = [inputs[self.vector_name]] if self.vector_keys else []
+        parts += [self.encoders[key](inputs[key]) for key in self.image_keys]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     @property
     def critic_feature_dim(self) -> int:
-        return self.vector_dim
+        return self.vector_dim + sum(self.encoders[key].out_dim for key in self.image_keys)
+
+    def image_parameters(self) -> list[nn.Parameter]:
+        """The CNN encoders' weights: trained with the critics, by their optimiser."""
+        return [param for key in self.image_keys for param in self.encoders[key].parameters()]
+
+    def policy_params(self, obs: dict[str, Tensor], features: Tensor | None = None) -> Tensor:
+        """The policy's parameters [N, P] for ``obs``, from its ``critic_features`` where they are given (the
+        learner's, computed once for the critics and the actor; detached, so the actor's loss leaves the CNNs
+        alone). Without images this is the model's own forward pass."""
+        if features is None:
+            return super().policy_params(obs)
+        parts = [self.encoders[self.vector_name](features[:, : self.vector_dim])] if self.vector_keys else []
+        if self.image_keys:
+            parts.append(features[:, self.vector_dim :])
+        return self._policy_params(parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1))
 
     def _squash(self, u: Tensor) -> tuple[Tensor, Tensor]:
         """The action for pre-squash ``u`` and the log-density correction to subtract."""

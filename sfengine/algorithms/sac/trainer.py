@@ -33,7 +33,7 @@ class SACTrainer(OffPolicyTrainer):
         self.target_entropy = options.target_entropy or -float(model.action_spec.dim)
 
     def target_value(self, next_obs: dict[str, Tensor], next_features: Tensor) -> Tensor:
-        next_actions, next_log_probs = self.model.sample(self.model.policy_params(next_obs))
+        next_actions, next_log_probs = self.model.sample(self.model.policy_params(next_obs, next_features))
         next_q = self.target_critics(next_features, self.model.unit_actions(next_actions))
         return subset_min(next_q, self.options.critic_subset, self.generator) - self.alpha * next_log_probs
 
@@ -41,10 +41,10 @@ class SACTrainer(OffPolicyTrainer):
     def alpha(self) -> Tensor:
         return self.log_alpha.detach().exp()
 
-    def actor_step(self, b: NStep) -> dict[str, float]:
-        params = self.model.policy_params(b.obs)
+    def actor_step(self, b: NStep, features: Tensor) -> dict[str, float]:
+        params = self.model.policy_params(b.obs, features)
         actions, log_probs = self.model.sample(params)
-        q = self.actor_q(b.obs, actions)
+        q = self.actor_q(features, actions)
         extra, stats = self.actor_terms(b, params, actions, q)
         loss = (self.alpha * log_probs - q).mean() + extra
         self.optimizer.zero_grad(set_to_none=True)

@@ -55,20 +55,20 @@ class DeterministicActor(SquashedGaussianActor):
 class ResidualTD3(ResidualPolicy, DeterministicActor):
     """A deterministic correction (``--algo=td3``), acted and smoothed with noise in half-ranges of its own bound."""
 
-    def __init__(self, obs_spec, action_spec, cfg, base, scale, base_action, exploration_noise, chooser=None):
+    def __init__(self, obs_spec, action_spec, cfg, base, scale, base_action, exploration_noise, chooser_options=None):
         DeterministicActor.__init__(self, obs_spec, self.residual_spec(action_spec, scale), cfg, exploration_noise)
         self._init_residual(obs_spec, action_spec, cfg, base, scale, base_action)
         # --ibrl: the critics' copy that picks between the base's action and the corrected one (never trained here).
-        self.chooser = chooser.requires_grad_(False) if chooser is not None else None
+        self.chooser = None
+        if chooser_options is not None:
+            width = self.critic_feature_dim + action_spec.dim
+            self.chooser = CriticEnsemble.of_options(chooser_options, width).requires_grad_(False)
 
     @classmethod
     def over(cls, cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec, base: ActorCritic) -> ResidualTD3:
         options = cfg.algorithm_options
         args = (options.residual_scale, options.residual_base_action, options.exploration_noise)
-        chooser = None
-        if options.ibrl:
-            chooser = CriticEnsemble.of_options(options, base.vector_dim + action_spec.dim)
-        return cls(obs_spec, action_spec, cfg.model, base, *args, chooser)
+        return cls(obs_spec, action_spec, cfg.model, base, *args, options if options.ibrl else None)
 
     def action(self, params: Tensor) -> Tensor:
         own, base = self.split(params)

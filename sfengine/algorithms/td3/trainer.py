@@ -32,7 +32,9 @@ class TD3Trainer(OffPolicyTrainer):
 
     def target_value(self, next_obs: dict[str, Tensor], next_features: Tensor) -> Tensor:
         options = self.options
-        params = self.target_actor.policy_params(next_obs)
+        # The target actor reads the features the critics read (the online normaliser's and CNNs'): its own copies
+        # of them are never updated.
+        params = self.target_actor.policy_params(next_obs, next_features)
         target_actions = self.target_actor.action(params)
         smoothed = self.target_actor.noisy(target_actions, options.target_noise, options.target_noise_clip)
         if options.ibrl:
@@ -53,10 +55,10 @@ class TD3Trainer(OffPolicyTrainer):
                     mine.copy_(theirs)
         return stats
 
-    def actor_step(self, b: NStep) -> dict[str, float]:
-        params = self.model.policy_params(b.obs)
+    def actor_step(self, b: NStep, features: Tensor) -> dict[str, float]:
+        params = self.model.policy_params(b.obs, features)
         actions = self.model.action(params)
-        q = self.actor_q(b.obs, actions)
+        q = self.actor_q(features, actions)
         extra, stats = self.actor_terms(b, params, actions, q)
         loss = -q.mean() + extra
         self.optimizer.zero_grad(set_to_none=True)
