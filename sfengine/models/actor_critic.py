@@ -199,6 +199,8 @@ class PolicyOutput(NamedTuple):
 class ActorCritic(nn.Module):
     """``critic=False`` (critic-free advantages, ``--advantage=rloo|grpo``): no value head, and values are 0."""
 
+    image_layer_norm = False  # a subclass's CNNs may end in LayerNorm and tanh (``CNNEncoder``'s ``layer_norm``)
+
     def __init__(self, obs_spec: ObsSpec, action_spec: ActionSpec, cfg: ModelConfig, critic: bool = True):
         super().__init__()
         self.obs_spec, self.action_spec = obs_spec, action_spec
@@ -265,7 +267,7 @@ class ActorCritic(nn.Module):
             encoders[self.vector_name] = mlp([self.vector_dim, *cfg.hidden_sizes], activation)
             features += cfg.hidden_sizes[-1]
         for key in self.image_keys:
-            encoders[key] = CNNEncoder(self.obs_spec.shapes[key], activation)
+            encoders[key] = CNNEncoder(self.obs_spec.shapes[key], activation, layer_norm=self.image_layer_norm)
             features += encoders[key].out_dim
         return encoders, features
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from sfengine.algorithms.offpolicy.residual import ResidualPolicy
 from sfengine.config import Config, ConfigError
 from sfengine.env.spaces import ActionSpec, ObsSpec
-from sfengine.models.actor_critic import ACTIVATIONS, ActorCritic, CNNEncoder, PolicyOutput
+from sfengine.models.actor_critic import ActorCritic, PolicyOutput
 from sfengine.models.distributions import gaussian_entropy, gaussian_log_prob
 
 EDGE = 1e-6  # how close to the box's edge an action is taken back through atanh
@@ -32,6 +32,8 @@ def log_squash_slope(u: Tensor) -> Tensor:
 
 
 class SquashedGaussianActor(ActorCritic):
+    image_layer_norm = True  # the CNNs are the critics' encoders: bounded features (see critic_features)
+
     def __init__(self, obs_spec: ObsSpec, action_spec: ActionSpec, cfg, critic: bool = False):
         if action_spec.discrete:
             raise ConfigError("--algo=sac acts in a continuous action box; this env's actions are discrete")
@@ -42,12 +44,6 @@ class SquashedGaussianActor(ActorCritic):
                 "the env finite action bounds (a gymnasium.wrappers.RescaleAction, for example)"
             )
         super().__init__(obs_spec, action_spec, cfg, critic=False)
-        for key in self.image_keys:  # the critics' encoders: bounded features (see critic_features)
-            self.encoders[key] = CNNEncoder(obs_spec.shapes[key], ACTIVATIONS[cfg.activation], layer_norm=True)
-            for module in self.encoders[key].modules():
-                if isinstance(module, (nn.Linear, nn.Conv2d)):
-                    nn.init.orthogonal_(module.weight, gain=math.sqrt(2))
-                    nn.init.zeros_(module.bias)
         self.register_buffer("action_center", (high + low) / 2)
         self.register_buffer("action_half_range", (high - low) / 2)
         # 1 until the learner's first gradient step under --initial_actions=uniform: the agent then acts uniformly
