@@ -1,6 +1,6 @@
 """The engine's CUDA paths, end to end as a user runs them: the learner and inference on the GPU, bf16 inference of
-the CNN, the flow head with FlowSAR, behaviour cloning, SAC and a residual TD3 over a base kept on the CPU, and
-checkpoints that move between the GPU and the CPU.
+the CNN, the flow head with FlowSAR, behaviour cloning, SAC (from a vector and from pixels) and a residual TD3 over
+a base kept on the CPU, and checkpoints that move between the GPU and the CPU.
 
 Skipped where torch sees no CUDA device (CI's machine). ``python -m benchmarks.gpu`` runs them on a GPU machine
 together with its measurements; ``python -m pytest -m gpu`` runs them alone. Each threshold is the CPU test's
@@ -117,6 +117,18 @@ def test_sac_on_cuda_learns_sparse_reach_and_its_run_goes_on_on_the_cpu(train_di
     assert "resum" in resumed.stdout.lower(), resumed.stdout[:2000]
     after = read_summary(train_dir, "sac")
     assert after["env_steps"] >= steps and after["success_rate"] >= 0.7, after  # the trained policy went on
+
+
+def test_sac_on_cuda_learns_image_reach_from_its_pixels(train_dir):
+    # The CPU test's settings and threshold (tests/algorithms/test_offpolicy_images.py): the CNN learns with the
+    # critics on the GPU, its images shifted there, and the inference worker acts through it in bf16.
+    args = ["--algo=sac", "--env=image_reach", "--device=cuda", "--inference_dtype=bfloat16", "--batch_size=128"]
+    args += ["--learning_starts=2000", "--train_for_env_steps=20000", "--stop_at_success=0.8", "--stats_window=50"]
+    result = run_train(train_dir, "sac_image", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "learner on cuda" in result.stdout
+    summary = read_summary(train_dir, "sac_image")
+    assert summary["success_rate"] >= 0.8, summary
 
 
 def test_a_residual_on_cuda_over_a_base_kept_on_the_cpu_corrects_a_weak_clone(tmp_path, train_dir):
