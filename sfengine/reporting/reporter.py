@@ -28,6 +28,14 @@ class Reporting:
         status = algorithm_for(self.cfg).status
         return status(self.cfg, learner) if status is not None and learner else None
 
+    def learner_busy_since(self) -> float:
+        """When the learner's update (or save) under way began, from its clock in shared memory; 0: none (or a serial
+        run, whose status line never prints during an update)."""
+        watch = getattr(self, "hang_watch", None)
+        if watch is None or watch.learner_clock is None:
+            return 0.0
+        return float(watch.learner_clock[0])
+
     def _status(self) -> None:
         if not self.leads:
             return
@@ -35,7 +43,7 @@ class Reporting:
         fps = {w: stats.fps(w) for w in FPS_WINDOWS}
         requests_per_batch = stats.inference_requests_per_batch()
         env_cost = stats.env_cost_ms()
-        split = stats.time_split()
+        split = stats.time_split(self.learner_busy_since())
         learner = stats.take_learner_means()
         ret = summary["episode_return_mean"]
         done = progress(self.cfg, stats.env_steps, stats.initial_env_steps, summary["wall_seconds"], fps[60] or fps[10])

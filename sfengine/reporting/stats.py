@@ -128,9 +128,11 @@ class RunStats:
         self.ranks_in_sync = self.ranks_in_sync and report.ranks_in_sync
         self.env_steps = report.env_steps
         self.policy_version = report.policy_version
-        self.learner_busy += report.train_sec
-        self.batcher_busy += report.batcher_sec
         now = time.time()
+        # The part of the update inside this status window: the part before it was counted, as an update under
+        # way, in the windows it spanned (``time_split``).
+        self.learner_busy += min(report.train_sec, now - self.split_started)
+        self.batcher_busy += report.batcher_sec
         if report.env_steps > self.initial_env_steps and not report.final:
             self.first_batch = self.first_batch or (now, report.env_steps)
             self.last_batch = (now, report.env_steps)
@@ -152,15 +154,21 @@ class RunStats:
             t0, s0 = self.step_history[0]
         return (steps - s0) / max(now - t0, 1e-6) if steps > s0 else 0.0
 
-    def time_split(self) -> dict[str, float]:
-        """Fractions of wall time: rollout workers stepping envs / waiting for actions, inference and learner busy."""
-        wall = max(time.time() - self.split_started, 1e-6)
+    def time_split(self, learner_busy_since: float = 0.0) -> dict[str, float]:
+        """Fractions of wall time since the last call: rollout workers stepping envs / waiting for actions,
+        inference and learner busy. ``learner_busy_since``: when the learner's update under way began (0: none), so
+        that an update longer than a status window counts in every window it spans, not all in the one it ends in
+        (an image critic's update on a CPU can take a minute)."""
+        now = time.time()
+        wall = max(now - self.split_started, 1e-6)
+        if learner_busy_since > 0:
+            self.learner_busy += now - max(learner_busy_since, self.split_started)
         worker_wall = max(self.worker_wall, 1e-6)
         split = {
             "env_step": self.worker_env / worker_wall,
             "wait_actions": max(0.0, 1.0 - self.worker_busy / worker_wall) if self.worker_wall else 0.0,
             "inference": self.inference_busy / max(self.inference_wall, 1e-6),
-            "learner": self.learner_busy / wall,
+            "learner": min(1.0, self.learner_busy / wall),
             "batcher": self.batcher_busy / wall,
         }
         if self.evaluator_wall:

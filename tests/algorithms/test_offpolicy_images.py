@@ -4,6 +4,8 @@ at its actions, and SAC learns ``image_reach`` (whose goal only the image shows)
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -163,3 +165,17 @@ def test_sac_learns_image_reach_from_its_pixels_in_multi_process_mode(train_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "sac_image_reach")
     assert summary["success_rate"] >= 0.8, summary
+
+
+@pytest.mark.slow
+def test_the_status_line_shows_a_long_update_as_the_learner_busy_while_it_runs(train_dir):
+    # Minibatches of 1024 images: each update (16 gradient steps, for the 64 env steps of a batch at replay ratio
+    # 0.25) takes several seconds, longer than the status line's second. The lines while it runs say the learner is
+    # busy, and the one after it does not count all of it in its own second (which read "learner 500%" before).
+    args = ["--algo=sac", "--env=image_reach", "--learning_starts=256", "--train_for_env_steps=384"]
+    args += ["--batch_size=1024", "--replay_ratio=0.25", "--report_every_sec=1", "--learner_threads=2"]
+    result = run_train(train_dir, "sac_long_updates", *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    shares = [int(share) for share in re.findall(r" learner (\d+)% batcher", result.stdout)]
+    assert shares and max(shares) <= 100, result.stdout[-3000:]
+    assert sum(share >= 90 for share in shares) >= 3, shares

@@ -1,4 +1,4 @@
-"""Run statistics: the early stop at a target return or success rate."""
+"""Run statistics: the early stop at a target return or success rate, and the learner's share of the time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from sfengine.engine.messages import EpisodeStats
+from sfengine.engine.messages import EpisodeStats, LearnerReport
+from sfengine.reporting import stats as stats_module
 from sfengine.reporting.reporter import json_text
 from sfengine.reporting.stats import RunStats
 
@@ -47,3 +48,25 @@ def test_summaries_are_strict_json_where_a_loss_diverged():
         "nested": {"x": None},
         "n": 3,
     }
+
+
+def test_an_update_longer_than_a_status_window_counts_in_every_window_it_spans(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(stats_module.time, "time", lambda: now[0])
+    stats = RunStats(stats_window=4, initial_env_steps=0)
+    # Two short updates in a 5 s window: their own time.
+    now[0] = 1002.0
+    stats.add_learner_report(LearnerReport(256, 1, 0.5, 0.0, {}))
+    now[0] = 1005.0
+    stats.add_learner_report(LearnerReport(512, 2, 0.5, 0.0, {}))
+    assert stats.time_split()["learner"] == pytest.approx(0.2)
+    # An update of 12 s from 1006: busy in the windows it spans while under way, and its end counts only its part
+    # in the window it ends in (not 12 s in 5).
+    now[0] = 1010.0
+    assert stats.time_split(learner_busy_since=1006.0)["learner"] == pytest.approx(0.8)
+    now[0] = 1015.0
+    assert stats.time_split(learner_busy_since=1006.0)["learner"] == pytest.approx(1.0)
+    now[0] = 1018.0
+    stats.add_learner_report(LearnerReport(768, 3, 12.0, 0.0, {}))
+    now[0] = 1020.0
+    assert stats.time_split()["learner"] == pytest.approx(0.6)
