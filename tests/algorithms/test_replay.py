@@ -209,3 +209,98 @@ def test_demonstrations_in_chunks_start_a_chunk_at_every_step():
     # The failure bootstraps from observation 53 after its 3 steps (row 2) or 2 (row 3, from step 1).
     assert out.discounts.tolist() == [0, 0, 0.5**3, 0.5**2]
     assert out.next_obs["obs"].squeeze(1)[2:].tolist() == [53, 53]
+
+
+IMAGE_SPEC = ObsSpec({"image": (2, 2, 1), "obs": (1,)}, {"image": torch.uint8, "obs": torch.float32})
+
+
+def image_trajectories(count: int, first: int = 0) -> TrajectoryBuffers:
+    """Rows whose image at entry t is all first + 10 * row + t, whose final images are that + 100."""
+    batch = TrajectoryBuffers.allocate(count, T, IMAGE_SPEC, ACTION_SPEC, shared=False, final_obs=True)
+    entries = first + 10 * torch.arange(count)[:, None] + torch.arange(T + 1)[None]
+    batch.obs["image"][:] = entries[..., None, None, None].to(torch.uint8)
+    batch.final_obs["image"][:] = (100 + entries)[..., None, None, None].to(torch.uint8)
+    batch.obs["obs"][:] = entries[..., None].float()
+    batch.final_obs["obs"][:] = 100 + entries[..., None].float()
+    batch.rewards[:] = 1.0
+    batch.chunk_steps[:] = 1
+    return batch
+
+
+def test_images_keep_a_truncated_episodes_last_observation_in_two_slots_a_row_not_one_per_entry():
+    replay = Replay(4 * T, T, IMAGE_SPEC, ACTION_SPEC)  # four rows
+    assert (
+        replay.final_obs["image"].shape[0] == 8
+        and Replay(4 * T, T, OBS_SPEC, ACTION_SPEC).final_obs["obs"].shape[0] == 4 * T
+    )  # without images, a slot for every entry
+    batch = image_trajectories(2)
+    batch.truncated[0, 1] = batch.truncated[1, 3] = True
+    batch.terminated[1, 3] = True  # a termination bootstraps from nothing: no slot
+    replay.insert(batch)
+    assert (replay.slot_entry >= 0).sum() == 1
+    out = replay.n_step(torch.tensor([0, 0, 0]), torch.tensor([0, 1, 2]), 2, GAMMA)
+    # t=0: r0 + g r1, truncated at 1: bootstrap from its final image (101); t=1 the same; t=2 from entry 4.
+    assert out.next_obs["image"][:, 0, 0, 0].tolist() == [101, 101, 4]
+    assert out.next_obs["obs"].squeeze(1).tolist() == [101, 101, 4]
+    assert out.discounts.tolist() == [0.25, 0.5, 0.25]
+    # Row after row overwritten in the ring, one truncation each: every slot is freed with its row, none dropped.
+    for first in range(0, 100, 10):
+        more = image_trajectories(2, first)
+        more.truncated[:, 2] = True
+        replay.insert(more)
+    assert replay.finals_dropped == 0 and not replay.failed.any()
+    out = replay.n_step(torch.arange(4), torch.full((4,), 2), 1, GAMMA)
+    assert out.next_obs["image"][:, 0, 0, 0].tolist() == [100 + 90 + 2, 100 + 90 + 12, 100 + 80 + 2, 100 + 80 + 12]
+
+
+def test_a_slot_reused_while_its_entry_lives_makes_that_entry_a_failed_step():
+    replay = Replay(2 * T, T, IMAGE_SPEC, ACTION_SPEC)  # two rows, four slots
+    first, second = image_trajectories(1), image_trajectories(1, first=50)
+    first.truncated[0, :3] = True  # three one-step episodes, each truncated, then two more: one over the slots
+    second.truncated[0, :2] = True
+    replay.insert(first)
+    replay.insert(second)
+    assert replay.finals_dropped == 1
+    assert replay.failed[0].tolist() == [True, False, False, False, False]  # its slot went to the newest
+    rows, t = replay.sample_indices(4000, torch.Generator().manual_seed(0))
+    assert (0, 0) not in set(zip(rows.tolist(), t.tolist(), strict=True))
+    out = replay.n_step(torch.tensor([0, 0, 1, 1]), torch.tensor([1, 2, 0, 1]), 1, GAMMA)
+    assert out.next_obs["image"][:, 0, 0, 0].tolist() == [101, 102, 150, 151]
+    # More truncations in one batch than there are slots: the last ones are kept.
+    crowded = Replay(2 * T, T, IMAGE_SPEC, ACTION_SPEC)
+    batch = image_trajectories(1)
+    batch.truncated[0, :] = True
+    crowded.insert(batch)
+    assert crowded.finals_dropped == 1 and crowded.failed[0].tolist() == [True, False, False, False, False]
+    out = crowded.n_step(torch.zeros(4, dtype=torch.long), torch.arange(1, 5), 1, GAMMA)
+    assert out.next_obs["image"][:, 0, 0, 0].tolist() == [101, 102, 103, 104]
+
+
+def test_a_saved_replay_comes_back_with_its_slots_and_one_saved_before_them_loads():
+    replay = Replay(4 * T, T, IMAGE_SPEC, ACTION_SPEC)
+    batch = image_trajectories(2)
+    batch.truncated[:, 2] = True
+    replay.insert(batch)
+    again = Replay(4 * T, T, IMAGE_SPEC, ACTION_SPEC)
+    again.load_state_dict(replay.state_dict())
+    rows, t = torch.tensor([0, 1]), torch.tensor([2, 2])
+    assert torch.equal(
+        again.n_step(rows, t, 1, GAMMA).next_obs["image"], replay.n_step(rows, t, 1, GAMMA).next_obs["image"]
+    )
+    assert again.next_slot == replay.next_slot == 2
+    # A vector replay saved with a final observation for every entry ([rows, T, ...]).
+    old = Replay(4 * T, T, OBS_SPEC, ACTION_SPEC)
+    vector = trajectories(2)
+    vector.truncated[:, 3] = True
+    old.insert(vector)
+    state = old.state_dict()
+    dense = torch.zeros(4, T, 1)
+    dense[0, 3], dense[1, 3] = 103, 113
+    state = {key: value for key, value in state.items() if key not in ("final_slot", "slot_entry", "next_slot")}
+    state["final_obs"] = {"obs": dense}
+    loaded = Replay(4 * T, T, OBS_SPEC, ACTION_SPEC)
+    loaded.load_state_dict(state)
+    assert loaded.n_step(torch.tensor([0, 1]), torch.tensor([3, 3]), 1, GAMMA).next_obs["obs"].squeeze(1).tolist() == [
+        103,
+        113,
+    ]

@@ -11,6 +11,12 @@ transition's next observation is the next entry's, except where the episode ende
 observation, ``final_obs``, which the rollout worker keeps for the algorithms that declare it. Returns of n steps
 stop at an episode's end and at a row's end (entry T bootstraps them): each is exact, only shorter.
 
+Those last observations are kept only where an episode was truncated, in a ring of slots beside the rows
+(``final_slot[row, t]`` names an entry's slot): a slot for every entry without images, as many as two a row with
+them, so that images are stored about once, not twice. A slot reused while its entry is still in the replay (more
+than two truncations a row on average) leaves that entry without its bootstrap: it is then handled as a failed
+step (below) and counted in ``finals_dropped``.
+
 An entry whose env step failed (it raised, or returned a NaN) has no outcome to learn from: no draw starts there,
 and a return that reaches it stops at the entry before, bootstrapped from that entry's next observation (the failed
 entry's own, the last good one), so that no target counts a made-up reward or a made-up next state.
@@ -49,14 +55,16 @@ class NStep(NamedTuple):
 
 
 def bytes_per_step(obs_spec: ObsSpec, action_spec: ActionSpec) -> int:
-    """Memory a stored env step takes: its observation twice (the entry's and a truncation's final one), the
-    action, the reward and the flags (with chunks of K: an entry's, shared by its K env steps)."""
+    """Memory a stored env step takes: its observation twice without images (the entry's and a truncation's final
+    one), at most 1.1875 times with them (the rows' bootstrap entries and two final slots a row, at rollouts of 16
+    or more), the action, the reward and the flags (with chunks of K: an entry's, shared by its K env steps)."""
     obs = sum(
         torch.empty((), dtype=obs_spec.dtypes[key]).element_size() * int(torch.Size(shape).numel())
         for key, shape in obs_spec.shapes.items()
     )
+    copies = 1.1875 if any(obs_spec.is_image(key) for key in obs_spec.shapes) else 2
     action = torch.empty((), dtype=action_spec.dtype).element_size() * max(1, action_spec.dim)
-    return -(-(2 * obs + action + 4 + 2 + 8 + 2) // action_spec.chunk)
+    return -(-(int(copies * obs) + action + 4 + 2 + 8 + 2 + 4) // action_spec.chunk)
 
 
 def check_replay_fits(replay_size: int, obs_spec: ObsSpec, action_spec: ActionSpec, available: int) -> None:
@@ -82,9 +90,16 @@ class Replay:
         self.obs = {
             key: torch.zeros(rows + shape, dtype=obs_spec.dtypes[key]) for key, shape in obs_spec.shapes.items()
         }
+        # Truncated episodes' last observations: slot final_slot[row, t] of final_obs (-1: none).
+        images = any(obs_spec.is_image(key) for key in obs_spec.shapes)
+        slots = self.capacity * (min(horizon, 2) if images else horizon)
         self.final_obs = {
-            key: torch.zeros(steps + shape, dtype=obs_spec.dtypes[key]) for key, shape in obs_spec.shapes.items()
+            key: torch.zeros((slots, *shape), dtype=obs_spec.dtypes[key]) for key, shape in obs_spec.shapes.items()
         }
+        self.final_slot = torch.full(steps, -1, dtype=torch.int32)
+        self.slot_entry = torch.full((slots,), -1, dtype=torch.int64)  # the flat entry a slot serves (-1: free)
+        self.next_slot = 0
+        self.finals_dropped = 0
         self.actions = torch.zeros(steps + action_spec.shape, dtype=action_spec.dtype)
         self.rewards = torch.zeros(steps)
         self.terminated = torch.zeros(steps, dtype=torch.bool)
@@ -106,9 +121,9 @@ class Replay:
         count = batch.rewards.shape[0]
         rows = (self.next_row + torch.arange(count)) % self.capacity
         steps = slice(0, self.horizon)
+        self.free_finals(rows)
         for key, obs in batch.obs.items():
             self.obs[key][rows] = obs.cpu()
-            self.final_obs[key][rows] = batch.final_obs[key][:, steps].cpu()
         self.actions[rows] = batch.actions[:, steps].cpu()
         self.rewards[rows] = (batch.rewards[:, steps] if rewards is None else rewards).float().cpu()
         self.terminated[rows] = batch.terminated[:, steps].cpu()
@@ -116,9 +131,46 @@ class Replay:
         # The rollout worker marks a failed step's end with a NaN outcome.
         self.failed[rows] = (batch.truncated[:, steps] & batch.outcomes[:, steps].isnan()).cpu()
         self.env_steps[rows] = batch.chunk_steps[:, steps].clamp(min=1).to(torch.int16).cpu()
+        needs = (self.truncated[rows] & ~self.terminated[rows] & ~self.failed[rows]).nonzero()  # [k, 2]: (i, t)
+        if len(needs):
+            finals = {
+                key: value[needs[:, 0].to(value.device), needs[:, 1].to(value.device)].cpu()
+                for key, value in batch.final_obs.items()
+            }
+            self.store_finals(rows[needs[:, 0]], needs[:, 1], finals)
         self.next_row = int((self.next_row + count) % self.capacity)
         self.size = min(self.capacity, self.size + count)
         self.inserted_steps += int(batch.chunk_steps[:, steps].clamp(min=1).sum())  # env steps
+
+    def free_finals(self, rows: Tensor) -> None:
+        """The slots of ``rows``' entries, about to be overwritten, are free again."""
+        held = self.final_slot[rows]
+        self.slot_entry[held[held >= 0].long()] = -1
+        self.final_slot[rows] = -1
+
+    def store_finals(self, rows: Tensor, t: Tensor, finals: dict[str, Tensor]) -> None:
+        """Keep the last observations ``finals`` ([k, ...] by key) of the truncated entries (rows, t), each in the
+        ring's next slot. Where that slot still serves an entry, that entry loses its bootstrap and becomes a failed
+        step (never drawn, returns stop before it)."""
+        count, slots_total = len(t), len(self.slot_entry)
+        if count > slots_total:  # more at once than the ring holds: the last ones, the others failed steps
+            self.failed.view(-1)[rows[:-slots_total] * self.horizon + t[:-slots_total]] = True
+            rows, t, finals = rows[-slots_total:], t[-slots_total:], {k: v[-slots_total:] for k, v in finals.items()}
+            self.finals_dropped += count - slots_total
+            count = slots_total
+        slots = (self.next_slot + torch.arange(count)) % slots_total
+        self.next_slot = int((self.next_slot + count) % slots_total)
+        evicted = self.slot_entry[slots]
+        evicted = evicted[evicted >= 0]
+        if len(evicted):
+            self.failed.view(-1)[evicted] = True
+            self.final_slot.view(-1)[evicted] = -1
+            self.finals_dropped += len(evicted)
+        entries = rows * self.horizon + t
+        self.slot_entry[slots] = entries
+        self.final_slot.view(-1)[entries] = slots.to(torch.int32)
+        for key, value in finals.items():
+            self.final_obs[key][slots] = value
 
     def sample_indices(self, count: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(row, t) of ``count`` stored steps, uniformly with replacement over those whose env step did not fail."""
@@ -163,11 +215,14 @@ class Replay:
         truncated_at_last = ended & ~terminated[torch.arange(len(t)), taken - 1]
         discounts = (gamma ** waited.float()) * ~terminated[torch.arange(len(t)), taken - 1]
         next_obs = {}
+        # A truncated last entry bootstraps from its episode's last observation, in its slot (every such entry has
+        # one: one whose slot was reused is a failed step, never counted).
+        from_final = truncated_at_last.nonzero().squeeze(1)
+        slots = self.final_slot[rows[from_final], last[from_final]].long()
         for key, obs in self.obs.items():
             following = obs[rows, (last + 1).clamp(max=self.horizon)]
-            final = self.final_obs[key][rows, last]
-            mask = truncated_at_last.view(-1, *([1] * (following.dim() - 1)))
-            next_obs[key] = torch.where(mask, final, following)
+            following[from_final] = self.final_obs[key][slots]
+            next_obs[key] = following
         return NStep(
             obs={key: obs[rows, t] for key, obs in self.obs.items()},
             actions=self.actions[rows, t],
@@ -215,8 +270,9 @@ class Replay:
                 counts = within[None] < taken[:, None]
                 for key in replay.obs:
                     replay.obs[key][row, :entries] = observed[key][first]
-                    if not success:
-                        replay.final_obs[key][row, entries - 1] = observed[key][steps]
+                if not success:
+                    last = {key: observed[key][steps][None] for key in replay.obs}
+                    replay.store_finals(torch.tensor([row]), torch.tensor([entries - 1]), last)
                 replay.actions[row, :entries] = actions[at].reshape(entries, *action_spec.shape)
                 chunk_rewards = (rewards[at] * counts * gamma ** within.float()).sum(1)
                 replay.rewards[row, :entries] = reward(chunk_rewards)
@@ -236,6 +292,10 @@ class Replay:
         return {
             "obs": self.obs,
             "final_obs": self.final_obs,
+            "final_slot": self.final_slot,
+            "slot_entry": self.slot_entry,
+            "next_slot": self.next_slot,
+            "finals_dropped": self.finals_dropped,
             "actions": self.actions,
             "rewards": self.rewards,
             "terminated": self.terminated,
@@ -248,11 +308,30 @@ class Replay:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        if "final_slot" not in state:  # saved before the slots: a final observation for every entry
+            state = {**state, **dense_finals_as_slots(state, self.horizon)}
         for key in self.obs:
             self.obs[key].copy_(state["obs"][key])
             self.final_obs[key].copy_(state["final_obs"][key])
+        self.final_slot.copy_(state["final_slot"])
+        self.slot_entry.copy_(state["slot_entry"])
+        self.next_slot, self.finals_dropped = int(state["next_slot"]), int(state["finals_dropped"])
         for name in ("actions", "rewards", "terminated", "truncated", "env_steps"):
             getattr(self, name).copy_(state[name])
         self.failed.copy_(state.get("failed", torch.zeros_like(self.failed)))  # replays saved before it: none
         self.size, self.next_row = int(state["size"]), int(state["next_row"])
         self.inserted_steps = int(state["inserted_steps"])
+
+
+def dense_finals_as_slots(state: dict, horizon: int) -> dict:
+    """A replay saved with a final observation for every entry ([rows, T, ...]) in the slots' form: slot
+    row * T + t serves entry (row, t), which only a replay without images has room for."""
+    rows = state["actions"].shape[0]
+    entries = torch.arange(rows * horizon)
+    return {
+        "final_obs": {key: value.flatten(0, 1) for key, value in state["final_obs"].items()},
+        "final_slot": entries.view(rows, horizon).to(torch.int32),
+        "slot_entry": entries,
+        "next_slot": 0,
+        "finals_dropped": 0,
+    }

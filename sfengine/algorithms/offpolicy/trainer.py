@@ -127,6 +127,8 @@ class OffPolicyTrainer(Trainer):
         }
         if self.demos is not None:
             stats["demo_share"] = self.demo_samples / self.cfg.learner.batch_size
+        if self.replay.finals_dropped:  # truncations more often than the replay keeps last observations for
+            stats["replay_finals_dropped"] = float(self.replay.finals_dropped)
         world = self.group.ranks.world_size
         if replay_steps < self.options.learning_starts * world:
             return stats | {"gradient_steps": 0.0}
