@@ -10,7 +10,9 @@ that set ``owed`` and the start of learning are the ranks' mean, so every rank t
 ``env_steps_seen`` (the learning rate's schedule) counts the whole run's.
 
 The actor is the run's model, trained with the base ``Trainer``'s optimiser (its gradient averaged over the ranks,
-clipped, skipped when not finite); the critics get the same treatment with their own optimiser.
+clipped, skipped when not finite); the critics get the same treatment with their own optimiser. With image
+observations the model's CNNs belong to the critics' side: their loss and optimiser train them, and the actor reads
+the features of each minibatch's (randomly shifted) images as the critic step computed them, detached.
 """
 
 from __future__ import annotations
@@ -234,7 +236,8 @@ class OffPolicyTrainer(Trainer):
         return sampled
 
     def features(self, obs: dict[str, Tensor]) -> Tensor:
-        """What the critics read of an observation: the model's normalised vector input."""
+        """What the critics read of an observation: the model's normalised vector input and its CNN features of the
+        images (with gradients to the CNNs: the critic step trains them)."""
         return self.model.critic_features(obs)
 
     def critic_step(self, b: NStep) -> tuple[dict[str, float], Tensor]:
