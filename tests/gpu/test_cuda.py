@@ -120,8 +120,9 @@ def test_sac_on_cuda_learns_sparse_reach_and_its_run_goes_on_on_the_cpu(train_di
 
 
 def test_sac_on_cuda_learns_image_reach_from_its_pixels(train_dir):
-    # The CPU test's settings and threshold (tests/algorithms/test_offpolicy_images.py): the CNN learns with the
-    # critics on the GPU, its images shifted there, and the inference worker acts through it in bf16.
+    # The CPU test's minibatches (tests/algorithms/test_offpolicy_images.py), to the 0.8 its settings reached at
+    # 6.4k env steps there: the CNN learns with the critics on the GPU, its images shifted there, and the inference
+    # worker acts through it in bf16.
     args = ["--algo=sac", "--env=image_reach", "--device=cuda", "--inference_dtype=bfloat16", "--batch_size=128"]
     args += ["--learning_starts=2000", "--train_for_env_steps=20000", "--stop_at_success=0.8", "--stats_window=50"]
     result = run_train(train_dir, "sac_image", *args)
