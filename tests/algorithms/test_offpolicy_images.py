@@ -158,7 +158,7 @@ def test_a_residual_over_an_image_policy_starts_at_its_actions_and_learns_with_t
 def test_sac_learns_image_reach_from_its_pixels_in_multi_process_mode(train_dir):
     # The goal is only in the 12 x 12 image: uniformly random actions succeed 3% of the time and the best policy
     # blind to it about 30% (envs/image_reach.py). With these settings SAC passed 0.6 at 5.2k env steps and 0.8 at
-    # 6.4k (seed 1, about 75 s alone on 2 cores); with its defaults (minibatches of 256) 0.8 at 10.0k.
+    # 6.4k (seed 1, about 75 s alone on 2 cores); with its defaults (minibatches of 256) 0.8 at 9.7k.
     args = ["--algo=sac", "--env=image_reach", "--seed=1", "--learning_starts=2000", "--train_for_env_steps=12000"]
     args += ["--stop_at_success=0.6", "--stats_window=50", "--batch_size=128", "--learner_threads=1"]
     # The layout the cheap-env rule gives it, given: under a loaded machine's timing the rule could choose another.

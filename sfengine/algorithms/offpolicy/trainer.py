@@ -59,9 +59,8 @@ class OffPolicyTrainer(Trainer):
             policy = [param for param in model.parameters() if id(param) not in own]
             self.optimizer = adam(policy, cfg.learner.learning_rate, cfg)
         # --image_shift in pixels, per image key (none where it rounds to 0).
-        shapes = model.obs_spec.shapes
-        self.image_shift = {key: round(options.image_shift * min(shapes[key][:2])) for key in model.image_keys}
-        self.image_shift = {key: pixels for key, pixels in self.image_shift.items() if pixels > 0}
+        shifts = {key: round(options.image_shift * min(model.obs_spec.shapes[key][:2])) for key in model.image_keys}
+        self.image_shift = {key: pixels for key, pixels in shifts.items() if pixels > 0}
         self.gamma = cfg.learner.gamma
         self.replay = Replay(options.replay_size, cfg.sampler.rollout, model.obs_spec, model.action_spec)
         # --demos: a replay of their own, never overwritten; --demo_ratio of each minibatch comes from it.
