@@ -157,17 +157,20 @@ def test_a_residual_over_an_image_policy_starts_at_its_actions_and_learns_with_t
 @pytest.mark.slow
 def test_sac_learns_image_reach_from_its_pixels_in_multi_process_mode(train_dir):
     # The goal is only in the 12 x 12 image: uniformly random actions succeed 3% of the time and the best policy
-    # blind to it about 30% (envs/image_reach.py). With these settings SAC passed 0.6 at 5.2k env steps and 0.8 at
-    # 6.4k (seed 1, about 75 s alone on 2 cores); with its defaults (minibatches of 256) 0.8 at 9.7k.
-    args = ["--algo=sac", "--env=image_reach", "--seed=1", "--learning_starts=2000", "--train_for_env_steps=12000"]
-    args += ["--stop_at_success=0.6", "--stats_window=50", "--batch_size=128", "--learner_threads=1"]
+    # blind to it about 30% (envs/image_reach.py). Gamma 0.9: at 0.99 a failed episode's truncation bootstraps to
+    # values near 1 and reaching in 5 steps or 6 differs by 1% (the same seed passed 0.8 at 6.1k in one run and
+    # never passed 0.6 in 12k in another, CI's run included). With these settings seeds 1-4 passed 0.8 at 2.9k,
+    # 4.0k, 4.0k and 3.3k env steps (59-80 s each alone on 2 cores; benchmarks/README.md).
+    args = ["--algo=sac", "--env=image_reach", "--seed=1", "--gamma=0.9", "--learning_starts=1000"]
+    args += ["--train_for_env_steps=8000", "--stop_at_success=0.8", "--stats_window=50", "--batch_size=128"]
+    args += ["--learner_threads=1"]
     # The layout the cheap-env rule gives it, given: under a loaded machine's timing the rule could choose another.
     args += ["--num_workers=1", "--num_envs_per_worker=4", "--async_rl=false", "--rollout=16"]
     args += ["--critic_layer_norm=false"]
     result = run_train(train_dir, "sac_image_reach", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "sac_image_reach")
-    assert summary["success_rate"] >= 0.6, summary
+    assert summary["success_rate"] >= 0.8, summary
 
 
 @pytest.mark.slow
