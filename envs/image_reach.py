@@ -8,6 +8,10 @@ truncated after 12 steps. The observation is ``position`` (the point, 2 floats) 
 intensities to a fraction of a pixel. Heading for the goal succeeds in 5 steps. A policy that cannot see it does
 poorly: uniformly random actions succeed about 3% of the time, and the best blind policy (walk out to the circle,
 then along it) about 30%.
+
+Its only reward is reaching the goal and a failure is a truncation (the value bootstraps), so at gamma 0.99 reaching
+in 5 steps or in 6 differs by 1% in value and learning is erratic from run to run; at ``--gamma=0.9``, 10%: SAC
+learned it in every seed tried (benchmarks/README.md, "Off-policy learning from images").
 """
 
 from __future__ import annotations
