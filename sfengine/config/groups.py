@@ -84,7 +84,11 @@ class LearnerConfig:
         "multiply rewards by this before learning (stats keep the raw reward); rarely needed with --normalize_returns",
     )
     reward_clip: float = option(0.0, "clip scaled rewards to [-x, x] (0: off)")
-    learner_threads: int = option(1, "torch CPU threads in the learner process (rollout and inference use 1)")
+    learner_threads: int = option(
+        1,
+        "torch CPU threads in the learner process (rollout and inference use 1); only on cores nothing else "
+        "needs: threads that wait for a busy core make each update several times slower",
+    )
     learner_backend: str = option(
         "auto",
         "how the learner runs its minibatch steps: numpy for MLP policies over vector observations on CPU with "

@@ -403,7 +403,7 @@ def test_sac_learns_pendulum_in_multi_process_mode(train_dir, flow, lag_limit):
     # last 30 episodes (6,000 env steps), so the run can stop soon after.
     args = ["--algo=sac", "--env=Pendulum-v1", *flow]
     args += ["--learning_starts=1000", "--train_for_env_steps=30000", "--stop_at_return=-400", "--stats_window=30"]
-    args += ["--hidden_sizes=64,64", "--critic_hidden_sizes=64,64", "--batch_size=128", "--learner_threads=2"]
+    args += ["--hidden_sizes=64,64", "--critic_hidden_sizes=64,64", "--batch_size=128", "--learner_threads=1"]
     result = run_train(train_dir, "sac_pendulum", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "sac_pendulum")

@@ -82,6 +82,9 @@ def test_random_shifts_move_each_image_by_its_own_offset_within_the_pad_repeatin
     assert None not in offsets
     assert len(set(offsets)) == 25  # every offset of +-2 pixels in each direction, drawn image by image
     assert torch.equal(random_shift(shifted, 0), shifted)
+    # Drawn from the generator given (the trainer's, which its checkpoints keep): the same state, the same shifts.
+    draws = [random_shift(shifted, 2, torch.Generator().manual_seed(5)) for _ in range(2)]
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], shifted)
 
 
 def test_the_minibatchs_images_are_shifted_by_the_asked_fraction_of_their_side():
@@ -175,11 +178,12 @@ def test_sac_learns_image_reach_from_its_pixels_in_multi_process_mode(train_dir)
 
 @pytest.mark.slow
 def test_the_status_line_shows_a_long_update_as_the_learner_busy_while_it_runs(train_dir):
-    # Minibatches of 1024 images: each update (16 gradient steps, for the 64 env steps of a batch at replay ratio
-    # 0.25) takes several seconds, longer than the status line's second. The lines while it runs say the learner is
-    # busy, and the one after it does not count all of it in its own second (which read "learner 500%" before).
-    args = ["--algo=sac", "--env=image_reach", "--learning_starts=256", "--train_for_env_steps=384"]
-    args += ["--batch_size=1024", "--replay_ratio=0.25", "--report_every_sec=1", "--learner_threads=2"]
+    # Minibatches of 512 images: the update (16 gradient steps, for the 64 env steps of a batch at replay ratio
+    # 0.25) takes about 8 s on one thread, longer than the status line's second. The lines while it runs say the
+    # learner is busy, and the one after it does not count all of it in its own second (which read "learner 500%"
+    # before).
+    args = ["--algo=sac", "--env=image_reach", "--learning_starts=256", "--train_for_env_steps=320"]
+    args += ["--batch_size=512", "--replay_ratio=0.25", "--report_every_sec=1", "--learner_threads=1"]
     result = run_train(train_dir, "sac_long_updates", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     shares = [int(share) for share in re.findall(r" learner (\d+)% batcher", result.stdout)]

@@ -228,7 +228,7 @@ class OffPolicyTrainer(Trainer):
             sampled = NStep(*(to_device(field, self.device) for field in sampled))
         if self.image_shift:
             shift = lambda obs: {  # noqa: E731
-                key: random_shift(value, self.image_shift[key]) if key in self.image_shift else value
+                key: random_shift(value, self.image_shift[key], self.generator) if key in self.image_shift else value
                 for key, value in obs.items()
             }
             sampled = sampled._replace(obs=shift(sampled.obs), next_obs=shift(sampled.next_obs))
@@ -330,12 +330,13 @@ class OffPolicyTrainer(Trainer):
             self.replay.load_state_dict(state["replay"])
 
 
-def random_shift(images: Tensor, pad: int) -> Tensor:
+def random_shift(images: Tensor, pad: int, generator: torch.Generator | None = None) -> Tensor:
     """Each image of ``images`` [N, H, W, C] moved by its own random whole-pixel shift of up to ``pad`` pixels in
     each direction, its edge pixels repeated into the space it leaves (DrQ's augmentation: pad, then crop at random;
-    the critics then value what the images show, not where it lies to the pixel)."""
+    the critics then value what the images show, not where it lies to the pixel). The offsets are drawn on the CPU
+    from ``generator`` (the trainer's stream, kept in its checkpoints)."""
     n, height, width = images.shape[:3]
-    offsets = torch.randint(0, 2 * pad + 1, (2, n, 1), device=images.device)
+    offsets = torch.randint(0, 2 * pad + 1, (2, n, 1), generator=generator).to(images.device)
     rows = (torch.arange(height, device=images.device) + offsets[0] - pad).clamp(0, height - 1)  # [N, H]
     cols = (torch.arange(width, device=images.device) + offsets[1] - pad).clamp(0, width - 1)  # [N, W]
     batch = torch.arange(n, device=images.device)[:, None, None]
