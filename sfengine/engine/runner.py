@@ -143,7 +143,10 @@ class Runner(Supervision, Reporting, Component):
             log.error("the final checkpoint could not be written (the learner's line above says why): exit code 1")
             self.exit_code = max(self.exit_code, 1)
             self.stop_reason = f"{self.stop_reason or 'stopped'}; the final checkpoint could not be written"
-        if self.next_evaluation is not None and report.env_steps >= self.next_evaluation and self.leads:
+        # Not at the report that ends training: the final evaluation (--eval_at_end) plays the last weights, and
+        # without it the evaluator stops with the run, so one asked now would only race it (two in the last interval).
+        last = report.env_steps >= run.train_for_env_steps
+        if self.next_evaluation is not None and report.env_steps >= self.next_evaluation and self.leads and not last:
             every = self.cfg.eval.eval_every_env_steps
             self.next_evaluation = (report.env_steps // every + 1) * every
             self.evaluate.emit(EvaluationRequest(report.env_steps, self.evaluations_done))

@@ -54,6 +54,11 @@ def test_a_respawned_evaluator_goes_on_cycling_init_states_where_its_predecessor
     runner.on_evaluation_done(EvalResult(3000, 3, [episode], 1.0, final=True))  # a final one plays the next's
     requests = [args[0] for name, *args in sent if name == "evaluate"]
     assert requests == [EvaluationRequest(1000 * (i + 1), i) for i in range(3)] and runner.evaluations_done == 3
+    # The report that ends training asks none: the final evaluation plays those weights (or the run stops its
+    # evaluator), where one asked too would race it and leave two in the last interval.
+    cfg.set("train_for_env_steps", 4000)
+    runner.on_learner_report(LearnerReport(4000, 3, 0.1, 0.0, {}))
+    assert len([name for name, *args in sent if name == "evaluate"]) == 3
     # A run resumed at 5,000 env steps had 5 evaluations behind it.
     assert Runner(EngineEventLoop("test_eval_index_resumed", serial_mode=True), cfg, 5000).evaluations_done == 5
 
