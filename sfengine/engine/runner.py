@@ -173,6 +173,13 @@ class Runner(Supervision, Reporting, Component):
 
     def on_evaluation_done(self, result: EvalResult) -> None:
         """An evaluation of the weights of ``result.policy_version``: TensorBoard, a line, and summary.json."""
+        if self.final_evaluation is not None and self.final_evaluation.drops(self, result):
+            print(
+                f"evaluation at {result.env_steps:,} env steps (policy version {result.policy_version}) ended "
+                "after the run began to stop: dropped, the final evaluation plays the last weights",
+                flush=True,
+            )
+            return
         report = EvalReport(result.episodes, self.stats.task_names)
         overall = report.overall
         record = {

@@ -23,7 +23,7 @@ SAMPLED_SUFFIX = "_sampled"  # the results folder of an evaluation with --eval_d
 
 def find_results(spec: str, train_dir: str | Path, deterministic: bool, env: str) -> tuple[Path, dict]:
     """The evaluation ``--compare_to`` names: a results.json, its folder, or an experiment of ``train_dir`` (its
-    latest checkpoint's evaluation with the same kind of actions). Raises ConfigError, naming the fix."""
+    latest checkpoint's complete evaluation with the same kind of actions). Raises ConfigError, naming the fix."""
     where, train_dir = f"--compare_to={spec}", Path(train_dir)
     path = Path(spec)
     if path.is_dir() and (path / "results.json").is_file():
@@ -43,7 +43,13 @@ def find_results(spec: str, train_dir: str | Path, deterministic: bool, env: str
                 f"{where}: {evaluations} holds no evaluation with {actions}; evaluate it so (--eval_deterministic="
                 f"{deterministic}), or give the results.json of another to compare across the two"
             )
-        path = same[-1] / "results.json"
+        complete = [d for d in same if _complete(d / "results.json")]
+        if not complete:
+            raise ConfigError(
+                f"{where}: the evaluation in {same[-1]} did not complete; finish it (the command that made it, with "
+                "--resume) or give its results.json to compare on the pairs it played"
+            )
+        path = complete[-1] / "results.json"
     try:
         results = json.loads(path.read_text())
         outcomes = [episode["success"] for episode in results["episodes"]]
@@ -54,6 +60,15 @@ def find_results(spec: str, train_dir: str | Path, deterministic: bool, env: str
     if not outcomes or None in outcomes:
         raise ConfigError(f"{where}: {path} has no success for every episode (env '{env}' reports none), so no test")
     return path, results
+
+
+def _complete(path: Path) -> bool:
+    """Whether the evaluation in ``path`` played every episode it set out to (results.json of an evaluation cut
+    short says ``"complete": false``; one that cannot be read is left to the caller's check)."""
+    try:
+        return json.loads(path.read_text()).get("complete", True) is not False
+    except (OSError, ValueError, AttributeError):
+        return True
 
 
 def paired_test(before: dict, after: dict) -> dict:

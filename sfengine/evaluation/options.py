@@ -32,7 +32,7 @@ class EvaluateOptions:
     compare_to: str = option(
         "",
         "another evaluation of the same pairs to test this one against (McNemar's paired test): an experiment "
-        "(its latest evaluation with the same kind of actions), or a results.json or its folder",
+        "(its latest complete evaluation with the same kind of actions), or a results.json or its folder",
     )
 
     resume: bool = option(

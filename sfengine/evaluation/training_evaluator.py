@@ -202,8 +202,17 @@ class FinalEvaluation:
 
     def on_stop(self, runner) -> None:
         """The run's stop has begun: without a final evaluation the evaluator stops with the rest."""
-        if not self.wanted or runner.exit_code or runner.interrupts:
+        if not self.wanted or self.cut_short(runner):
             self._stop_evaluator(runner)
+
+    def drops(self, runner, result: EvalResult) -> bool:
+        """A periodic evaluation that ends after the stop began, where a final one will play the last weights:
+        keeping it would leave two evaluations in the last interval, one of weights that are not the last."""
+        return not result.final and runner.stop_reason is not None and self.wanted and not self.cut_short(runner)
+
+    @staticmethod
+    def cut_short(runner) -> bool:
+        return bool(runner.exit_code or runner.interrupts)
 
     def heard(self, report: EvaluatorReport) -> None:
         if self.phase == "evaluating" and report.busy_sec > 0:  # playing, not idle
@@ -220,7 +229,7 @@ class FinalEvaluation:
         gone = evaluator is not None and not evaluator.is_alive()
         if self.phase == "training":
             last = runner.evaluations[-1] if runner.evaluations else None
-            if runner.exit_code or runner.interrupts or gone:
+            if self.cut_short(runner) or gone:
                 self._stop_evaluator(runner)
             elif last is not None and last["policy_version"] == runner.stats.policy_version:
                 last["final"] = True

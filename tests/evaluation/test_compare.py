@@ -56,10 +56,21 @@ def test_the_evaluation_to_compare_with_is_found_by_experiment_folder_or_file_or
     assert find_results("clone", train_dir, False, "multitask_toy")[1]["name"] == "checkpoint_000000002_200_sampled"
     folder = evaluations / "checkpoint_000000001_100"
     assert find_results(str(folder), train_dir, False, "multitask_toy")[0] == folder / "results.json"
+    # An evaluation cut short (its --resume not yet run) is passed over for the latest complete one; named by its
+    # path it is taken as it is (the test counts the pairs both played).
+    cut = evaluations / "checkpoint_000000003_300"
+    cut.mkdir()
+    (cut / "results.json").write_text(json.dumps(results({(0, 0): [True]}) | {"name": cut.name, "complete": False}))
+    assert find_results("clone", train_dir, True, "multitask_toy")[1]["name"] == "checkpoint_000000002_200"
+    assert find_results(str(cut), train_dir, True, "multitask_toy")[1]["name"] == cut.name
 
     (train_dir / "mode_only" / "eval" / "checkpoint_000000001_100").mkdir(parents=True)
     (train_dir / "mode_only" / "eval" / "checkpoint_000000001_100" / "results.json").write_text(
         json.dumps(results({(0, 0): [True]}))
+    )
+    (train_dir / "cut_only" / "eval" / "checkpoint_000000001_100_sampled").mkdir(parents=True)
+    (train_dir / "cut_only" / "eval" / "checkpoint_000000001_100_sampled" / "results.json").write_text(
+        json.dumps(results({(0, 0): [True]}) | {"complete": False})
     )
     (tmp_path / "other_env.json").write_text(json.dumps(results({(0, 0): [True]}, env="CartPole-v1")))
     no_success = results({(0, 0): [True]}) | {"episodes": [{"task_index": 0, "init_state": 0, "success": None}]}
@@ -68,6 +79,7 @@ def test_the_evaluation_to_compare_with_is_found_by_experiment_folder_or_file_or
     refusals = {
         "nosuch": "no such results.json, and no evaluation of an experiment 'nosuch'",
         "mode_only": "holds no evaluation with sampled actions; evaluate it so (--eval_deterministic=False)",
+        "cut_only": "did not complete; finish it (the command that made it, with --resume)",
         str(tmp_path / "other_env.json"): "evaluated env 'CartPole-v1', not 'multitask_toy'",
         str(tmp_path / "no_success.json"): "has no success for every episode",
         str(tmp_path / "garbled.json"): "is not an evaluation's results.json",

@@ -59,6 +59,16 @@ def test_a_respawned_evaluator_goes_on_cycling_init_states_where_its_predecessor
     cfg.set("train_for_env_steps", 4000)
     runner.on_learner_report(LearnerReport(4000, 3, 0.1, 0.0, {}))
     assert len([name for name, *args in sent if name == "evaluate"]) == 3
+    # A periodic evaluation that ends once the stop has begun (by the clock here) is dropped: the final one plays
+    # the last weights. The final one is kept; so is a periodic one when the run is cut short (no final one).
+    runner.request_stop("reached --train_for_seconds")
+    runner.on_evaluation_done(EvalResult(4000, 3, [episode], 1.0))
+    assert [r["env_steps"] for r in runner.evaluations] == [1000, 2000, 3000, 3000] and runner.evaluations_done == 3
+    runner.on_evaluation_done(EvalResult(4100, 4, [episode], 1.0, final=True))
+    assert runner.evaluations[-1] == {**runner.evaluations[-1], "env_steps": 4100, "final": True}
+    runner.interrupts = 1
+    runner.on_evaluation_done(EvalResult(4200, 4, [episode], 1.0))
+    assert runner.evaluations[-1]["env_steps"] == 4200 and runner.evaluations_done == 4
     # A run resumed at 5,000 env steps had 5 evaluations behind it.
     assert Runner(EngineEventLoop("test_eval_index_resumed", serial_mode=True), cfg, 5000).evaluations_done == 5
 
