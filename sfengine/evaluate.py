@@ -59,11 +59,19 @@ from sfengine.env.registry import EnvFactory, env_context, env_sizer, resolve_en
 from sfengine.evaluation.compare import SAMPLED_SUFFIX, comparison_line, find_results, paired_test
 from sfengine.evaluation.episode_queue import EvalEpisode, evaluated_init_states, evaluation_episodes
 from sfengine.evaluation.evaluator import run_evaluation
-from sfengine.evaluation.report import EvalReport
-from sfengine.evaluation.resume import check_fits, load_partial, still_to_play
+from sfengine.evaluation.report import EvalReport, write_atomic
+from sfengine.evaluation.resume import (
+    check_fits,
+    load_partial,
+    progress_files,
+    progress_path,
+    remove_progress,
+    still_to_play,
+)
 from sfengine.evaluation.video import EvalOutput
 from sfengine.models.actor_critic import ActorCritic
 from sfengine.numpy_backend.policy import choose_inference_backend
+from sfengine.reporting.reporter import json_text
 from sfengine.train import probe_env
 
 GATHER_TIMEOUT = datetime.timedelta(hours=12)  # ranks finish their shards at different times
@@ -199,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 options.eval_init_states,
             )
 
-        episodes, kept, wall_before = episodes_of(ranks.rank), [], 0.0
+        episodes, kept, wall_before, stale = episodes_of(ranks.rank), [], 0.0, []
         if options.resume:  # every rank reads it: each plays what is missing of its own share
             settings = {"env": cfg.env.env, "policy_version": int(state["policy_version"])}
             settings |= {"deterministic": ev.eval_deterministic, "episodes_per_init": options.episodes_per_init}
@@ -211,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"the evaluation in {out_dir} is complete ({len(partial.episodes)} episodes): nothing to do")
                 return 0
             check_fits(partial.episodes, [e for rank in range(ranks.world_size) for e in episodes_of(rank)])
-            kept, wall_before = partial.episodes, partial.wall_sec
+            kept, wall_before, stale = partial.episodes, partial.wall_sec, partial.progress_files
             episodes = still_to_play(episodes, kept)
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"sfengine.evaluate: error: {exc}", file=sys.stderr)
@@ -253,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         "world_size": ranks.world_size,
     }
     started = time.time()
+    # Ranks' progress files a killed evaluation left: with --resume their episodes are kept, and once rank 0's
+    # results.json holds them they go (``stale``); without, they are of an evaluation now started over.
+    if ranks.rank == 0 and not options.resume:
+        remove_progress(progress_files(out_dir))
 
     def report_of(finished: list[EpisodeStats]) -> EvalReport:
         return EvalReport(
@@ -262,12 +274,20 @@ def main(argv: list[str] | None = None) -> int:
     progress_failed = False
 
     def write_progress(played: list[EpisodeStats]) -> None:
-        """The results so far, rewritten at each progress line: what a killed evaluation leaves for --resume. A
-        failed write (a full disk) is said once and the evaluation goes on: its end tries again."""
+        """The results so far, rewritten at each progress line: what a killed evaluation leaves for --resume (one
+        rank: results.json; each of several: its progress file, the episodes it played). A failed write (a full
+        disk) is said once and the evaluation goes on: its end tries again."""
         nonlocal progress_failed
-        wall_so_far = round(time.time() - started + wall_before, 2)
+        so_far = {**settings, "complete": False, "wall_sec": round(time.time() - started + wall_before, 2)}
         try:
-            report_of(kept + played).write(out_dir, {**settings, "complete": False, "wall_sec": wall_so_far})
+            if ranks.rank == 0:
+                report_of(kept + played).write(out_dir, so_far)
+                remove_progress(stale)
+                stale.clear()
+            else:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                rows = report_of(played).rows()
+                write_atomic(progress_path(out_dir, ranks.rank, started), json_text(so_far | {"episodes": rows}))
         except OSError as exc:
             if not progress_failed:
                 print(f"sfengine.evaluate: the results so far could not be written ({exc}); going on", file=sys.stderr)
@@ -285,8 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             episodes,
             output,
             ranks.rank == 0,
-            # One rank only: the others' episodes reach rank 0 at the end.
-            write_progress if ranks.world_size == 1 else None,
+            write_progress,
         )
     wall = time.time() - started + wall_before
     if error is None and len(finished) != len(episodes):
@@ -302,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         settings["compared_to"] = {"results": str(baseline[0]), **test}
         comparison = comparison_line(baseline[0], test)
     report.write(out_dir, settings)
+    remove_progress(progress_files(out_dir))  # every rank's episodes are in results.json now
     print(f"\n{report.markdown()}\n", flush=True)
     if comparison:
         print(comparison, flush=True)

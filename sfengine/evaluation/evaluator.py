@@ -77,8 +77,8 @@ class EvalRunner(Component):
         self.stopping_since = 0.0
         self.interrupts = 0
         self.started = time.time()
-        # Called with the episodes so far at each progress line that has new ones (a single-rank evaluation
-        # rewrites its results.json there, so that a kill of this process leaves them for --resume).
+        # Called with the episodes so far at each progress line that has new ones (sfengine.evaluate writes them
+        # there, to results.json or a rank's progress file, so that a kill of this process leaves them for --resume).
         self.progress: Callable[[list[EpisodeStats]], None] | None = None
         self.episodes_written = 0
 

@@ -1,13 +1,15 @@
 """Continuing an evaluation that was cut short: ``sfengine.evaluate ... --resume``.
 
 An evaluation stopped by Ctrl-C, a job's time limit, or a worker past ``--max_respawns`` writes the episodes that
-finished, with ``"complete": false`` (sfengine.evaluate); a single-rank one also writes them at each progress line,
-so one killed outright (SIGKILL, a lost node) leaves what it had played a few seconds before. The same command with
-``--resume`` plays only the episodes missing from it and writes the merged results, so a LIBERO evaluation of 500
+finished, with ``"complete": false`` (sfengine.evaluate). It also writes them at each progress line, so one killed
+outright (SIGKILL, a lost node) leaves what it had played a few seconds before: a single rank rewrites results.json,
+and in a multi-rank (torchrun) evaluation rank 0 rewrites it with its own episodes and every other rank writes its own
+``progress.rank<R>.<pid>.<ms>.json`` with the episodes it played (rank 0 merges them at the end and removes them). The same command with ``--resume``
+plays only the episodes missing from all of them and writes the merged results, so a LIBERO evaluation of 500
 episodes cut at 472 costs 28 more, not 500:
 
-    results.json (472 rows, complete: false) --kept--+
-    this command's episodes (500) ---- minus kept ---+--> 28 to play --> results.json (500 rows, complete: true)
+    results.json (complete: false) + progress.rank*.json --kept--+
+    this command's episodes (500) ---------- minus kept ----------+--> 28 to play --> results.json (500, complete)
 
 Episodes are matched by (task, init state), or by seed for a single-task env: each kept row cancels one episode of
 the command's list, whose order (and which episodes record a video) is otherwise unchanged.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
@@ -31,37 +34,64 @@ class Partial(NamedTuple):
     episodes: list[EpisodeStats]
     complete: bool
     wall_sec: float
+    progress_files: list[Path]  # ranks' files among them, to remove once results.json holds their episodes
+
+
+PROGRESS_GLOB = "progress.rank*.json"
+
+
+def progress_path(out_dir: Path, rank: int, started: float) -> Path:
+    """Where a rank of a multi-rank evaluation writes the episodes it has played: a name of its own process and
+    start, so that a resumed evaluation killed again adds a file instead of overwriting what the first one left."""
+    return out_dir / f"progress.rank{rank}.{os.getpid()}.{int(started * 1000)}.json"
+
+
+def remove_progress(paths: list[Path]) -> None:
+    """Remove ranks' progress files whose episodes results.json now holds (or a new evaluation's stale ones)."""
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def progress_files(out_dir: Path) -> list[Path]:
+    return sorted(out_dir.glob(PROGRESS_GLOB))
 
 
 def load_partial(out_dir: Path, settings: dict) -> Partial:
-    """The evaluation written to ``out_dir``. Raises ValueError (bad input: one line, exit 2) when there is none,
-    or when it was made with other ``settings`` (the env, the policy version, the kind of actions, episodes per
-    init)."""
-    path = out_dir / "results.json"
-    if not path.is_file():
+    """The evaluation written to ``out_dir``: results.json and the ranks' progress files, merged. Raises
+    ValueError (bad input: one line, exit 2) when there is none, or when one was made with other ``settings`` (the
+    env, the policy version, the kind of actions, episodes per init)."""
+    results = out_dir / "results.json"
+    progress = progress_files(out_dir)
+    paths = ([results] if results.is_file() else []) + progress
+    if not paths:
         raise ValueError(f"--resume: no evaluation to resume in {out_dir} (no results.json); leave out --resume")
-    try:
-        data = json.loads(path.read_text())
-        rows = data["episodes"]
-    except (ValueError, KeyError) as exc:
-        raise ValueError(f"--resume: {path} is not an evaluation's results ({exc}); leave out --resume") from None
-    for name, value in settings.items():
-        if data.get(name) != value:
-            raise ValueError(
-                f"--resume: {path} was made with {name}={data.get(name)!r}, this command asks for {value!r}; "
-                "give the options it was made with, or leave out --resume to start over"
+    episodes, complete, wall = [], True, 0.0
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            rows = data["episodes"]
+        except (ValueError, KeyError) as exc:
+            raise ValueError(f"--resume: {path} is not an evaluation's results ({exc}); leave out --resume") from None
+        for name, value in settings.items():
+            if data.get(name) != value:
+                raise ValueError(
+                    f"--resume: {path} was made with {name}={data.get(name)!r}, this command asks for {value!r}; "
+                    "give the options it was made with, or leave out --resume to start over"
+                )
+        episodes += [
+            EpisodeStats(
+                row["return"],
+                row["length"],
+                math.nan if row["success"] is None else float(row["success"]),
+                row["task_index"],
+                row["init_state"],
             )
-    episodes = [
-        EpisodeStats(
-            row["return"],
-            row["length"],
-            math.nan if row["success"] is None else float(row["success"]),
-            row["task_index"],
-            row["init_state"],
-        )
-        for row in rows
-    ]
-    return Partial(episodes, bool(data.get("complete")), float(data.get("wall_sec", 0.0)))
+            for row in rows
+        ]
+        # A progress file says complete: false; the ranks ran side by side, so the longest wall is the evaluation's.
+        complete = complete and bool(data.get("complete"))
+        wall = max(wall, float(data.get("wall_sec", 0.0)))
+    return Partial(episodes, complete, wall, progress)
 
 
 def episode_key(episode: EvalEpisode | EpisodeStats) -> tuple[int, int]:

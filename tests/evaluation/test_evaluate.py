@@ -440,3 +440,57 @@ def test_an_evaluation_cut_short_is_resumed_playing_only_the_episodes_it_lacks(t
         assert result.returncode == 2, result.stderr[-2000:]
         assert result.stderr.strip().splitlines()[-1].startswith("sfengine.evaluate: error: --resume: ")
         assert message in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_torchrun_evaluation_killed_outright_is_resumed_from_every_ranks_progress(toy_run, tmp_path):
+    # A lost node or a scheduler's hard limit kills every rank at once. Each left what it had played: rank 0 in
+    # results.json, rank 1 in its progress file. A resume, here on one rank, plays only the rest.
+    shm_before = shm_entries()
+    script, logs = tmp_path / "recorded.py", tmp_path / "logs"
+    write_recording_script(script, logs, module="evaluate")
+    args = [f"--train_dir={toy_run}", "--experiment=toy", "--env=recorded_toy", "--episodes_per_init=10"]
+    args += ["--num_workers=1", "--num_envs_per_worker=4", "--report_every_sec=0.5"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    slowed = {**os.environ, "RECORDED_STEP_SEC": "0.005"}
+    process = start([*launcher, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=slowed)
+    eval_dir = toy_run / "toy" / "eval"
+    for line in process.stdout:  # rank 0's progress line: its 100 episodes
+        played = re.search(r"episodes (\d+)/100", line)
+        if played and 0 < int(played[1]) < 60:
+            break
+    deadline = time.time() + 60
+    while not [p for p in eval_dir.glob("*/progress.rank1.*.json") if json.loads(p.read_text())["episodes"]]:
+        assert time.time() < deadline and process.poll() is None, "rank 1 wrote no progress"
+        time.sleep(0.2)
+    # torchrun starts each rank in a session of its own: kill the whole tree at once, as a scheduler does.
+    tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    for member in tree:
+        member.kill()
+    process.communicate(timeout=60)
+    deadline = time.time() + 30
+    while [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]:
+        assert time.time() < deadline, "the killed evaluation's workers outlived it"
+        time.sleep(0.5)
+    results_path = only_eval_dir(toy_run, "toy") / "results.json"
+    partial = json.loads(results_path.read_text())
+    progress = list(results_path.parent.glob("progress.rank*.json"))
+    assert not partial["complete"] and partial["world_size"] == 2 and len(progress) == 1
+    rows = partial["episodes"] + json.loads(progress[0].read_text())["episodes"]
+    kept = Counter(Assignment(row["task_index"], row["init_state"]) for row in rows)
+    assert {pair.task % 2 for pair in kept} == {0, 1} and sum(kept.values()) < 200  # both ranks' episodes
+
+    shutil.rmtree(logs)
+    logs.mkdir()
+    result = evaluate(*args, "--resume=true", script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming: {sum(kept.values())} episodes kept" in result.stdout
+    every = Counter({pair: 10 for pair in ALL_PAIRS})
+    assert received_assignments(logs, "*.ended") == every - kept  # the missing ones of both ranks, each once
+    merged = json.loads(results_path.read_text())
+    assert (
+        merged["complete"]
+        and Counter(Assignment(r["task_index"], r["init_state"]) for r in merged["episodes"]) == every
+    )
+    assert not list(results_path.parent.glob("progress.rank*.json"))  # merged, so removed
+    assert leaked_shm(shm_before) == set()
