@@ -152,13 +152,22 @@ def check_renderer(cfg: Config, factory: EnvFactory, tasks: TaskInfo | None, vid
         )
 
 
+def join_ranks(ranks: RankInfo) -> None:
+    """Under torchrun, the ranks' group, joined as the evaluation starts, while torchrun's store answers: a torchrun
+    killed alone leaves its ranks running, and a group joined at the end would wait hours for a store that is gone.
+    Joined, the ranks reach each other directly, so they finish and gather their episodes (gather_episodes)."""
+    if ranks.world_size > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="env://", timeout=GATHER_TIMEOUT)
+
+
 def gather_episodes(episodes: list[EpisodeStats], ranks: RankInfo) -> list[EpisodeStats]:
-    """Every rank's episodes on rank 0 (the others get theirs back)."""
+    """Every rank's episodes on rank 0 (the others get theirs back), through the group join_ranks joined."""
     if ranks.world_size == 1:
         return episodes
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method="env://", timeout=GATHER_TIMEOUT)
     try:
         gathered: list[list[EpisodeStats] | None] = [None] * ranks.world_size
         dist.all_gather_object(gathered, episodes)
@@ -224,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"sfengine.evaluate: error: {exc}", file=sys.stderr)
         return 2
+    join_ranks(ranks)
     set_cpu_threads(1)
     output = EvalOutput(
         str(out_dir / "videos") if options.video_per_task else None,

@@ -447,18 +447,8 @@ def test_a_torchrun_evaluation_killed_outright_is_resumed_from_every_ranks_progr
     # A lost node or a scheduler's hard limit kills every rank at once. Each left what it had played: rank 0 in
     # results.json, rank 1 in its progress file. A resume, here on one rank, plays only the rest.
     shm_before = shm_entries()
-    script, logs = tmp_path / "recorded.py", tmp_path / "logs"
-    write_recording_script(script, logs, module="evaluate")
-    args = [f"--train_dir={toy_run}", "--experiment=toy", "--env=recorded_toy", "--episodes_per_init=10"]
-    args += ["--num_workers=1", "--num_envs_per_worker=4", "--report_every_sec=0.5"]
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    slowed = {**os.environ, "RECORDED_STEP_SEC": "0.005"}
-    process = start([*launcher, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=slowed)
+    process, script, logs, args = torchrun_evaluation_under_way(toy_run, tmp_path)
     eval_dir = toy_run / "toy" / "eval"
-    for line in process.stdout:  # rank 0's progress line: its 100 episodes
-        played = re.search(r"episodes (\d+)/100", line)
-        if played and 0 < int(played[1]) < 60:
-            break
     deadline = time.time() + 60
     while not [p for p in eval_dir.glob("*/progress.rank1.*.json") if json.loads(p.read_text())["episodes"]]:
         assert time.time() < deadline and process.poll() is None, "rank 1 wrote no progress"
@@ -494,3 +484,35 @@ def test_a_torchrun_evaluation_killed_outright_is_resumed_from_every_ranks_progr
     )
     assert not list(results_path.parent.glob("progress.rank*.json"))  # merged, so removed
     assert leaked_shm(shm_before) == set()
+
+
+@pytest.mark.slow
+def test_ranks_whose_torchrun_was_killed_alone_finish_and_write_every_episode(toy_run, tmp_path):
+    # torchrun starts each rank in a session of its own, so a SIGKILL of torchrun alone leaves them running: they
+    # joined their group at the start, so they still reach each other, gather, and end with complete results.
+    process, script, logs, args = torchrun_evaluation_under_way(toy_run, tmp_path)
+    ranks = psutil.Process(process.pid).children(recursive=True)
+    process.kill()
+    output = process.communicate(timeout=120)[0]  # the ranks hold the pipe until they end
+    assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    results = json.loads((only_eval_dir(toy_run, "toy") / "results.json").read_text())
+    assert results["complete"] and results["world_size"] == 2, output[-3000:]
+    every = Counter({pair: 10 for pair in ALL_PAIRS})
+    assert Counter(Assignment(r["task_index"], r["init_state"]) for r in results["episodes"]) == every
+
+
+def torchrun_evaluation_under_way(toy_run: Path, tmp_path: Path):
+    """Two torchrun ranks evaluating 200 episodes of a slowed toy, once rank 0 has played some of its 100: the
+    launcher's process, the script, the envs' log folder and the evaluation's arguments."""
+    script, logs = tmp_path / "recorded.py", tmp_path / "logs"
+    write_recording_script(script, logs, module="evaluate")
+    args = [f"--train_dir={toy_run}", "--experiment=toy", "--env=recorded_toy", "--episodes_per_init=10"]
+    args += ["--num_workers=1", "--num_envs_per_worker=4", "--report_every_sec=0.5"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    slowed = {**os.environ, "RECORDED_STEP_SEC": "0.005"}
+    process = start([*launcher, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=slowed)
+    for line in process.stdout:  # rank 0's progress line
+        played = re.search(r"episodes (\d+)/100", line)
+        if played and 0 < int(played[1]) < 60:
+            return process, script, logs, args
+    raise AssertionError(f"the evaluation ended before rank 0 reported progress (exit {process.wait()})")
