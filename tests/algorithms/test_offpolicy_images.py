@@ -108,6 +108,9 @@ def test_the_cnns_learn_from_the_critics_loss_alone_and_the_actor_reads_their_fe
     trainer = image_trainer(algo, actor_delay=1, image_shift=0.1)
     trainer.train(image_batch(0), 0, 0)  # fills the replay and takes its gradient steps
     model, cnn = trainer.model, trainer.model.encoders["image"]
+    if algo == "td3":  # the target actor reads the online features: it holds the CNN itself, and saves no copy
+        assert trainer.target_actor.encoders["image"] is cnn
+        assert not any(name.startswith("encoders.image.") for name in trainer.extra_state()["target_actor"])
     own = {id(param) for param in cnn.parameters()}
     assert own <= {id(p) for group in trainer.critic_optimizer.param_groups for p in group["params"]}
     assert not own & {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}

@@ -277,6 +277,28 @@ def test_with_ibrl_the_critics_bootstrap_from_the_better_proposal_and_the_policy
         assert torch.equal(mine, theirs)
 
 
+def test_td3s_target_actor_holds_the_frozen_base_by_reference_and_saves_only_its_own_weights(base_model):
+    from test_offpolicy import batch
+
+    model, trainer = ibrl_pair()
+    target = trainer.target_actor
+    assert target.base is model.base and target.chooser is model.chooser  # no copy of a base of any size
+    saved = {name: t.clone() for name, t in trainer.extra_state()["target_actor"].items()}
+    assert saved and not any(name.startswith(("base.", "chooser.")) for name in saved)
+    base_weights = [p.detach().clone() for p in model.base.parameters()]
+    trainer.train(batch(0), 0, 0)
+    assert all(torch.equal(a, b) for a, b in zip(base_weights, model.base.parameters(), strict=True))
+    moved = trainer.extra_state()["target_actor"]
+    assert any(not torch.equal(saved[name], moved[name]) for name in saved)  # its own weights follow the actor
+    # A checkpoint written when the target held copies: they are not loaded over the model's base.
+    old = {name: t.clone() for name, t in target.state_dict().items()}
+    old |= {f"base.{name}": torch.zeros_like(t) for name, t in model.base.state_dict().items()}
+    trainer.load_extra_state({"target_actor": old})
+    assert all(torch.equal(a, b) for a, b in zip(base_weights, model.base.parameters(), strict=True))
+    with pytest.raises(RuntimeError, match="target actor does not fit"):
+        trainer.load_extra_state({"target_actor": {**old, "extra.weight": torch.zeros(1)}})
+
+
 def test_ibrl_needs_td3_over_a_base():
     for args in (["--algo=td3", "--ibrl=True"], ["--algo=sac", "--residual_over=x", "--ibrl=True"]):
         with pytest.raises(ConfigError, match="--ibrl lets the critics choose .* needs --algo=td3 and --residual_over"):

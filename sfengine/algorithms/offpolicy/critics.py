@@ -81,7 +81,9 @@ def subset_min(q: Tensor, subset: int, generator: torch.Generator | None = None)
 
 
 def soft_update_(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """target <- (1 - tau) target + tau source (Polyak averaging), parameter by parameter."""
+    """target <- (1 - tau) target + tau source (Polyak averaging), parameter by parameter; a parameter the two
+    share (a module the target holds by reference, see TD3Trainer) is left as it is."""
     with torch.no_grad():
         for t, s in zip(target.parameters(), source.parameters(), strict=True):
-            t.lerp_(s, tau)
+            if t is not s:
+                t.lerp_(s, tau)

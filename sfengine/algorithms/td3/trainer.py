@@ -28,12 +28,22 @@ from .actor import DeterministicActor
 class TD3Trainer(OffPolicyTrainer):
     def __init__(self, model: DeterministicActor, cfg: Config, group: LearnerGroup | None = None):
         super().__init__(model, cfg, group)
-        self.target_actor = copy.deepcopy(model).requires_grad_(False)
+        # The target actor holds by reference what no target follows: a residual's frozen base (a copy would double
+        # a large base's memory and its soft update), the CNNs (the target reads the online features) and
+        # --ibrl's chooser. Its own weights are the rest, which checkpoints keep.
+        shared = {name: module for name, module in model.named_children() if name in ("base", "chooser")}
+        shared |= {f"encoders.{key}": model.encoders[key] for key in model.image_keys}
+        shared = {name: module for name, module in shared.items() if module is not None}
+        self.target_shared = tuple(f"{name}." for name in shared)
+        self.target_actor = copy.deepcopy(model, memo={id(module): module for module in shared.values()})
+        held = {id(p) for module in shared.values() for p in module.parameters()}
+        for param in self.target_actor.parameters():
+            if id(param) not in held:  # the model's own (the CNNs learn) keep their flag
+                param.requires_grad_(False)
 
     def target_value(self, next_obs: dict[str, Tensor], next_features: Tensor) -> Tensor:
         options = self.options
-        # The target actor reads the features the critics read (the online normaliser's and CNNs'): its own copies
-        # of them are never updated.
+        # The target actor reads the features the critics read (the online normaliser's and CNNs').
         params = self.target_actor.policy_params(next_obs, next_features)
         target_actions = self.target_actor.action(params)
         smoothed = self.target_actor.noisy(target_actions, options.target_noise, options.target_noise_clip)
@@ -69,7 +79,14 @@ class TD3Trainer(OffPolicyTrainer):
         soft_update_(self.target_actor, self.model, self.options.tau)
 
     def extra_state(self) -> dict:
-        return {"target_actor": {name: t.detach().cpu() for name, t in self.target_actor.state_dict().items()}}
+        own = self.target_actor.state_dict().items()
+        return {"target_actor": {name: t.detach().cpu() for name, t in own if not name.startswith(self.target_shared)}}
 
     def load_extra_state(self, state: dict) -> None:
-        self.target_actor.load_state_dict(state["target_actor"])
+        # A checkpoint written before the target shared these modules holds copies of them: the model's are the ones.
+        own = {name: t for name, t in state["target_actor"].items() if not name.startswith(self.target_shared)}
+        missing, unexpected = self.target_actor.load_state_dict(own, strict=False)
+        if unexpected or [name for name in missing if not name.startswith(self.target_shared)]:
+            raise RuntimeError(
+                f"the checkpoint's TD3 target actor does not fit: missing {missing}, unexpected {unexpected}"
+            )
