@@ -512,6 +512,27 @@ def test_td3_acts_with_clipped_noise_and_learns_towards_its_target_actors_smooth
     assert ((smoothed - target_action).abs() <= 0.1 * actor.action_half_range + 1e-6).all()
 
 
+def test_td3s_squash_penalty_pulls_a_saturated_actor_back_where_its_gradient_lives():
+    # Deep in tanh's flat ends the critics' gradient does not reach the actor (the TD3 seeds that never learned
+    # image_reach sat at |pre-tanh action| 9-17): without the penalty it stays there, with it it comes back.
+    moved, saturated = {}, {}
+    for penalty in (0.0, 1e-3):
+        torch.manual_seed(0)
+        trainer = make_trainer("td3", squash_penalty=penalty, actor_delay=1)
+        with torch.no_grad():
+            trainer.model.policy_head.bias[:2] = 12.0
+        obs = {"obs": torch.randn(64, 3)}
+        before = trainer.model.pre_squash(trainer.model.policy_params(obs)).detach()
+        stats = trainer.train(batch(0), 0, 0)
+        after = trainer.model.pre_squash(trainer.model.policy_params(obs)).detach()
+        moved[penalty], saturated[penalty] = float((before - after).mean()), stats["actor_saturated"]
+    assert saturated == {0.0: 1.0, 1e-3: 1.0}  # every output past 3: the statistic says so
+    assert moved[1e-3] > 0.005 and abs(moved[0.0]) < moved[1e-3] / 10
+    from sfengine.algorithms.offpolicy import status
+
+    assert "actor saturated 100% (--squash_penalty)" in status(sac_config("td3"), stats)
+
+
 def test_td3_updates_its_actor_and_target_actor_every_second_critic_step():
     trainer = make_trainer("td3")
     assert trainer.options.actor_delay == 2  # TD3's own default

@@ -143,8 +143,10 @@ def validate(cfg: Config) -> None:
             "--ibrl lets the critics choose between a frozen base's action and the actor's correction of it: it "
             "needs --algo=td3 and --residual_over"
         )
-    if min(options.critic_warmup_updates, options.residual_penalty, options.bc_weight) < 0:
-        raise ConfigError("--critic_warmup_updates, --residual_penalty and --bc_weight must not be negative")
+    if min(options.critic_warmup_updates, options.residual_penalty, options.bc_weight, options.squash_penalty) < 0:
+        raise ConfigError(
+            "--critic_warmup_updates, --residual_penalty, --bc_weight and --squash_penalty must not be negative"
+        )
     if options.bc_weight > 0 and not cfg.learner.demos:
         raise ConfigError("--bc_weight pulls the actor toward the demonstrations: give them with --demos=FILE")
     if options.learning_starts < 0:
@@ -217,4 +219,6 @@ def status(cfg: Config, learner: dict[str, float]) -> str | None:
         words += f"alpha {learner['temperature']:.3g} entropy {learner.get('entropy', float('nan')):.2f} "
     if "residual_size" in learner:
         words += f"correction {learner['residual_size']:.0%} of its bound "
+    if learner.get("actor_saturated", 0) >= 0.5:  # TD3: most of the actor's outputs where tanh is flat
+        words += f"actor saturated {learner['actor_saturated']:.0%} (--squash_penalty) "
     return words + f" {learner['gradient_steps']:.0f} steps a batch"

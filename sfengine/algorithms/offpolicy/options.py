@@ -60,6 +60,11 @@ class OffPolicyOptions:
     exploration_noise: float = option(
         0.1, "td3: std of the Gaussian noise added to the actor's action while acting, in half-ranges of the box"
     )
+    squash_penalty: float = option(
+        0.0,
+        "td3: actor loss: this x the mean squared action before its tanh (keeps the actor out of tanh's flat ends, "
+        "where its gradient vanishes and a corner of the box can hold it for good; 1e-3 is a common weight)",
+    )
     target_noise: float = option(0.2, "td3: std of the noise on the target action (target policy smoothing)")
     target_noise_clip: float = option(0.5, "td3: the target action's noise is clipped to [-this, this]")
     image_shift: float = option(

@@ -36,7 +36,15 @@ from sfengine.models.actor_critic import ActorCritic
 
 log = logging.getLogger(__name__)
 
-ACTOR_STATS = ("actor_loss", "entropy", "grad_norm", "residual_size", "residual_to_base", "bc_distance")
+ACTOR_STATS = (
+    "actor_loss",
+    "entropy",
+    "grad_norm",
+    "residual_size",
+    "residual_to_base",
+    "bc_distance",
+    "actor_saturated",
+)
 
 
 class OffPolicyTrainer(Trainer):

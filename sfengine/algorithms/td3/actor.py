@@ -31,8 +31,11 @@ class DeterministicActor(SquashedGaussianActor):
 
     def action(self, params: Tensor) -> Tensor:
         """The noiseless action (differentiable in the weights)."""
-        mean, _ = self._mean_log_std(params)
-        return self.action_center + self.action_half_range * torch.tanh(mean)
+        return self.action_center + self.action_half_range * torch.tanh(self.pre_squash(params))
+
+    def pre_squash(self, params: Tensor) -> Tensor:
+        """The action before its tanh: past about 3 in a dimension the actor's gradient there all but vanishes."""
+        return self._mean_log_std(params)[0]
 
     def noisy(self, actions: Tensor, std: float, clip: float | None = None) -> Tensor:
         """``actions`` plus Gaussian noise of ``std`` half-ranges (each draw clipped to +-``clip`` half-ranges),
@@ -73,6 +76,9 @@ class ResidualTD3(ResidualPolicy, DeterministicActor):
     def action(self, params: Tensor) -> Tensor:
         own, base = self.split(params)
         return self.inside_box(base + DeterministicActor.action(self, own))
+
+    def pre_squash(self, params: Tensor) -> Tensor:
+        return DeterministicActor.pre_squash(self, self.split(params)[0])
 
     def noisy(self, actions: Tensor, std: float, clip: float | None = None) -> Tensor:
         noise = torch.randn_like(actions) * std

@@ -24,6 +24,8 @@ from sfengine.engine.distributed import LearnerGroup
 
 from .actor import DeterministicActor
 
+SATURATED = 3.0  # |pre-tanh action| past which tanh's slope is under 1% of its slope at 0
+
 
 class TD3Trainer(OffPolicyTrainer):
     def __init__(self, model: DeterministicActor, cfg: Config, group: LearnerGroup | None = None):
@@ -70,6 +72,10 @@ class TD3Trainer(OffPolicyTrainer):
         actions = self.model.action(params)
         q = self.actor_q(features, actions)
         extra, stats = self.actor_terms(b, params, actions, q)
+        u = self.model.pre_squash(params)
+        stats["actor_saturated"] = float((u.detach().abs() > SATURATED).float().mean())
+        if self.options.squash_penalty > 0:
+            extra = extra + self.options.squash_penalty * u.pow(2).mean()
         loss = -q.mean() + extra
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
