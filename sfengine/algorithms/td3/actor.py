@@ -31,7 +31,8 @@ class DeterministicActor(SquashedGaussianActor):
 
     def action(self, params: Tensor) -> Tensor:
         """The noiseless action (differentiable in the weights)."""
-        return self.action_center + self.action_half_range * torch.tanh(self.pre_squash(params))
+        mean, _ = self._mean_log_std(params)
+        return self.action_center + self.action_half_range * torch.tanh(mean)
 
     def pre_squash(self, params: Tensor) -> Tensor:
         """The action before its tanh: past about 3 in a dimension the actor's gradient there all but vanishes."""
@@ -78,7 +79,7 @@ class ResidualTD3(ResidualPolicy, DeterministicActor):
         return self.inside_box(base + DeterministicActor.action(self, own))
 
     def pre_squash(self, params: Tensor) -> Tensor:
-        return DeterministicActor.pre_squash(self, self.split(params)[0])
+        return self._mean_log_std(self.split(params)[0])[0]  # the correction's own
 
     def noisy(self, actions: Tensor, std: float, clip: float | None = None) -> Tensor:
         noise = torch.randn_like(actions) * std
