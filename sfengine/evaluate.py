@@ -284,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     progress_failed = False
 
     def write_progress(played: list[EpisodeStats]) -> None:
-        """The results so far, rewritten at each progress line: what a killed evaluation leaves for --resume (one
-        rank: results.json; each of several: its progress file, the episodes it played). A failed write (a full
+        """The results so far, rewritten at each progress line: what a killed evaluation leaves for --resume (rank 0:
+        results.json; any other rank: its progress file, the episodes it played). A failed write (a full
         disk) is said once and the evaluation goes on: its end tries again."""
         nonlocal progress_failed
         so_far = {**settings, "complete": False, "wall_sec": round(time.time() - started + wall_before, 2)}
