@@ -162,6 +162,18 @@ def join_ranks(ranks: RankInfo) -> None:
         dist.init_process_group("gloo", init_method="env://", timeout=GATHER_TIMEOUT)
 
 
+def start_over(out_dir: Path, empty: EvalReport, settings: dict) -> None:
+    """A new evaluation (not --resume) takes ``out_dir`` over at once: an empty results.json of its settings, and no
+    ranks' progress files of the one before, so that whatever it leaves if killed is its own for --resume (an older
+    results.json left beside its ranks' first progress files would not merge with them). A failed write is said
+    and the evaluation goes on: its progress lines try again."""
+    remove_progress(progress_files(out_dir))
+    try:
+        empty.write(out_dir, {**settings, "complete": False, "wall_sec": 0.0})
+    except OSError as exc:
+        print(f"sfengine.evaluate: {out_dir} could not be started over ({exc}); going on", file=sys.stderr)
+
+
 def gather_episodes(episodes: list[EpisodeStats], ranks: RankInfo) -> list[EpisodeStats]:
     """Every rank's episodes on rank 0 (the others get theirs back), through the group join_ranks joined."""
     if ranks.world_size == 1:
@@ -233,7 +245,26 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"sfengine.evaluate: error: {exc}", file=sys.stderr)
         return 2
-    join_ranks(ranks)
+    expected = sum(pairs) * options.episodes_per_init if tasks else ev.eval_episodes
+    settings = {
+        "checkpoint": str(checkpoint),
+        "env": cfg.env.env,
+        "policy_version": int(state["policy_version"]),
+        "env_steps": int(state["env_steps"]),
+        "deterministic": ev.eval_deterministic,
+        "episodes_per_init": options.episodes_per_init if tasks else None,
+        "expected_episodes": expected,
+        "world_size": ranks.world_size,
+    }
+
+    def report_of(finished: list[EpisodeStats]) -> EvalReport:
+        return EvalReport(
+            finished, tasks.task_names if tasks else None, tasks.instructions if tasks else None, cfg.env.env
+        )
+
+    if ranks.rank == 0 and not options.resume:
+        start_over(out_dir, report_of([]), settings)
+    join_ranks(ranks)  # no rank plays before rank 0 has started the folder over
     set_cpu_threads(1)
     output = EvalOutput(
         str(out_dir / "videos") if options.video_per_task else None,
@@ -259,27 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             + f"\n  results: {out_dir}",
             flush=True,
         )
-    expected = sum(pairs) * options.episodes_per_init if tasks else ev.eval_episodes
-    settings = {
-        "checkpoint": str(checkpoint),
-        "env": cfg.env.env,
-        "policy_version": int(state["policy_version"]),
-        "env_steps": int(state["env_steps"]),
-        "deterministic": ev.eval_deterministic,
-        "episodes_per_init": options.episodes_per_init if tasks else None,
-        "expected_episodes": expected,
-        "world_size": ranks.world_size,
-    }
     started = time.time()
-    # Ranks' progress files a killed evaluation left: with --resume their episodes are kept, and once rank 0's
-    # results.json holds them they go (``stale``); without, they are of an evaluation now started over.
-    if ranks.rank == 0 and not options.resume:
-        remove_progress(progress_files(out_dir))
-
-    def report_of(finished: list[EpisodeStats]) -> EvalReport:
-        return EvalReport(
-            finished, tasks.task_names if tasks else None, tasks.instructions if tasks else None, cfg.env.env
-        )
 
     progress_failed = False
 

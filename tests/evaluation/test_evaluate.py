@@ -441,6 +441,21 @@ def test_an_evaluation_cut_short_is_resumed_playing_only_the_episodes_it_lacks(t
         assert result.stderr.strip().splitlines()[-1].startswith("sfengine.evaluate: error: --resume: ")
         assert message in result.stderr, result.stderr[-2000:]
 
+    # An evaluation started over, with other settings, killed before its first progress line: the folder is its
+    # own from its start, so its resume does not trip over the results of the one before.
+    process = start([*command, "--episodes_per_init=3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=slowed)
+    for line in process.stdout:
+        if "results:" in line:
+            process.kill()
+            break
+    process.communicate(timeout=60)
+    started_over = json.loads(results_path.read_text())
+    assert started_over["episodes_per_init"] == 3 and not started_over["complete"]
+    result = evaluate(*args, "--episodes_per_init=3", "--resume=true", script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming: {len(started_over['episodes'])} episodes kept" in result.stdout
+    assert json.loads(results_path.read_text())["overall"]["episodes"] == 60
+
 
 @pytest.mark.slow
 def test_a_torchrun_evaluation_killed_outright_is_resumed_from_every_ranks_progress(toy_run, tmp_path):
