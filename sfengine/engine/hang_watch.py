@@ -18,8 +18,9 @@ simulators or a large model can take minutes) has a timeout of its own, ``--star
 whose env never finishes building, at the run's start or after a respawn, is named and respawned like a silent
 one; so is the training evaluator (``--eval_every_env_steps``), which builds envs of its own at its start. While
 the run stops, a worker found hung is ended rather than respawned: training is over. One worker frozen inside a
-queue operation silences others (the reader of the inbox it keeps locked): the runner names the frozen one, not
-those waiting for it (``Supervision._culprit``).
+queue operation silences others (the reader of the inbox it keeps locked, a writer blocked on it): the runner names
+the frozen one, not those waiting for it (``Supervision._culprit``), and their silences count again from its
+respawn, which frees them (``restart_silences``).
 
 The learner is silent whenever no batch is ready (a slow env), so silence says nothing about it: it marks in shared
 memory when its start-up and each update or save begin and end, and each gradient step
@@ -86,6 +87,19 @@ class HangWatch:
         """A respawned component is watched again from its first report, as at the start."""
         self.last_heard.pop(component, None)
         self.up_since.pop(component, None)
+
+    def silent_for(self, component: str) -> float:
+        """Seconds since ``component`` last reported (0 if it has not yet)."""
+        heard = self.last_heard.get(component)
+        return 0.0 if heard is None else time.monotonic() - heard
+
+    def restart_silences(self, begun_after: float) -> None:
+        """The silences begun after ``begun_after`` count from now: a worker was respawned that they may have been
+        waiting on. One begun earlier is the silent worker's own."""
+        now = time.monotonic()
+        for name, heard in self.last_heard.items():
+            if heard > begun_after:
+                self.last_heard[name] = now
 
     def startup_hung(self, processes: Sequence[EngineProcess]) -> tuple[str, str] | None:
         """A running rollout or inference worker or training evaluator of ``processes`` not yet heard from since its

@@ -15,6 +15,8 @@ import signal as os_signal
 import time
 from collections.abc import Collection
 
+import psutil
+
 from sfengine.engine.checkpoint import list_checkpoints
 from sfengine.engine.event_loop import Component, EngineProcess
 from sfengine.engine.hang_watch import HangWatch
@@ -33,6 +35,17 @@ STARTING_STOP_GRACE_SEC = 5.0
 # A worker that dies before its first report (its env cannot be built, say) is respawned no sooner than this after
 # its start: forked in milliseconds, it would otherwise die and be respawned hundreds of times a second.
 RESPAWN_PAUSE_SEC = 1.0
+# A watched worker silent this long has missed two reports: one stopped, or holding an inbox's lock, is frozen in a
+# queue operation, and one that went quiet up to this long before another may have been blocked by it all the same.
+HOLDER_SILENCE_SEC = 2.0
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, a debugger's stop): it runs no code until continued."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def print_stack(process: EngineProcess) -> None:
@@ -194,6 +207,10 @@ class Supervision:
 
     def _respawn(self, process: EngineProcess) -> None:
         component = process.name.removesuffix("_process")
+        # Workers that went quiet when it did (or after) may have been blocked on an inbox it held, which its end
+        # frees: their silences count from now, or one could be named before its next report reaches the runner.
+        if (quiet_since := self.hang_watch.last_heard.get(component)) is not None:
+            self.hang_watch.restart_silences(begun_after=quiet_since - HOLDER_SILENCE_SEC)
         self.hang_watch.forget(component)
         self.reported.discard(component)
         try:
@@ -208,19 +225,31 @@ class Supervision:
             self.inference_respawned.emit(int(component.rsplit("_", 1)[1]))
 
     def _culprit(self, among: dict | None = None, stopping: bool = False) -> str | None:
-        """The silent worker to name and respawn, of those past the timeout. A worker frozen inside a queue
-        operation keeps that inbox locked, which silences its reader too (an inference worker stopped inside a put
-        to a rollout worker's inbox): a worker whose inbox's lock another watched worker holds waits for that
-        one, which is named once its own silence passes the timeout; among the rest a holder of any inbox's lock
-        comes first, then the longest silent. Respawning the frozen one frees the others; respawning its reader
-        instead would drop the reader's episodes and blame its env for nothing."""
+        """The silent worker to name and respawn, of those past the timeout (and in ``among``, if given). A worker
+        frozen inside a queue operation silences others: a writer frozen inside a reader's inbox keeps its lock (the
+        reader waits for it), a reader frozen inside its own inbox blocks its writers, and a reader stopped while
+        waiting on its inbox's condition variable leaves a writer that signals it stuck inside, holding the lock.
+        So a worker whose process is stopped (SIGSTOP, a debugger) is frozen for certain: while one has been quiet
+        for HOLDER_SILENCE_SEC, only stopped ones are named. Otherwise a worker whose inbox's lock another watched
+        worker holds waits for that one; while a holder has been quiet for HOLDER_SILENCE_SEC only holders are named;
+        and a holder comes first, then the longest silent. Respawning the frozen one frees the others; respawning
+        one it silenced instead would drop that one's episodes and blame its env for nothing."""
         silent = self.hang_watch.silent(among, stopping)
         if silent and self.respawner is not None and self.respawner.enabled:
             names = {p.name.removesuffix("_process"): p for p in self.processes}
             watched = {names[name].pid: name for name in self.hang_watch.last_heard if name in names}
-            holders = {watched.get(lock_owner(queue)) for queue in self.respawner.inboxes}
+            holders = {watched.get(lock_owner(queue)) for queue in self.respawner.inboxes} - {None}
+            holders = holders if among is None else holders & set(among)
             inbox_holder = {name: watched.get(lock_owner(p.event_loop.signal_queue)) for name, p in names.items()}
+            quiet = {name for name in watched.values() if self.hang_watch.silent_for(name) > HOLDER_SILENCE_SEC}
+            quiet = quiet if among is None else quiet & set(among)
+            if stopped := {name for name in quiet if process_stopped(names[name].pid)}:
+                return next((name for name in silent if name in stopped), None)
             silent = [name for name in silent if inbox_holder.get(name) in (None, name)]
+            if quiet & holders:
+                # A holder gone quiet is frozen inside a queue operation; a worker blocked on that inbox (a put to
+                # it) is silent too, and may have reported last a little earlier: only holders are named now.
+                silent = [name for name in silent if name in holders]
             silent.sort(key=lambda name: name not in holders)  # stable: the longest silent first within each
         return silent[0] if silent else None
 

@@ -11,6 +11,7 @@ import torch
 
 from sfengine.config import Config
 from sfengine.engine.hang_watch import STARTUP_TIMEOUT_FACTOR, HangWatch
+from sfengine.engine.supervision import Supervision
 
 
 @dataclasses.dataclass
@@ -86,3 +87,24 @@ def test_a_learner_update_is_hung_only_once_it_goes_without_a_gradient_step_past
     assert watch.learner_hung() is None
     clock[0] = now - 601
     assert "in its start-up" in watch.learner_hung()
+
+
+def test_silences_begun_with_a_respawned_workers_count_again_from_its_respawn():
+    # An inference worker frozen holding an inbox blocks a rollout worker writing to it, whose last report may be up
+    # to a second older; once the frozen one is respawned the writer is free, and must not be named before its next
+    # report reaches the runner. A silence begun well before the frozen one's is the silent worker's own.
+    cfg = Config()
+    watch = HangWatch(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, hang_timeout_sec=10)), splits=None)
+    now = time.monotonic()
+    watch.last_heard = {"inference_worker_0": now - 30, "rollout_worker_0": now - 31, "rollout_worker_1": now - 60}
+    supervision = type("Watched", (Supervision,), {})()
+    frozen = Started("inference_worker_0_process", now - 100)
+    supervision.hang_watch, supervision.reported, supervision.processes = watch, {"inference_worker_0"}, [frozen]
+    supervision.respawner = type("Respawning", (), {"respawn": lambda self, process, processes: []})()
+    announced = []
+    supervision.inference_respawned = type("Signal", (), {"emit": lambda self, index: announced.append(index)})()
+    supervision._respawn(frozen)
+    assert announced == [0]
+    assert "inference_worker_0" not in watch.last_heard  # watched again from its successor's first report
+    assert watch.silent_for("rollout_worker_0") < 1 and watch.silent_for("rollout_worker_1") > 59
+    assert watch.silent() == ["rollout_worker_1"]

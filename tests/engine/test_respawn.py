@@ -198,7 +198,7 @@ def test_a_worker_killed_or_frozen_inside_a_put_to_the_runner_does_not_stop_the_
         assert "inference_worker_0 has held an inbox's lock for" in output
     assert "freed an inbox whose lock the dead process" in output
     assert "dropped 8 byte(s) of a message half written" in output
-    assert read_summary(train_dir, "inside_a_put")["respawns"] == {"inference_worker_0": 1}
+    assert read_summary(train_dir, "inside_a_put")["respawns"] == {"inference_worker_0": 1}, output[-6000:]
 
 
 @pytest.mark.parametrize("critic_free", [False, True])
@@ -552,6 +552,45 @@ def test_a_worker_stuck_holding_the_dead_workers_inbox_lock_is_ended_too(monkeyp
     assert dead.exitcode == 0
 
 
+def watched_pair(*workers: PlainProcess) -> tuple[Supervision, HangWatch]:
+    """The runner's watch over ``workers`` and their inboxes, with the default --hang_timeout_sec of 120 s."""
+    supervision = type("Watched", (Supervision,), {})()
+    supervision.processes = list(workers)
+    inboxes = [worker.event_loop.signal_queue for worker in workers]
+    supervision.respawner = Respawner(Config(), buffers=None, task_sequence=None, inboxes=inboxes)
+    supervision.hang_watch = HangWatch(Config(), splits=None)
+    return supervision, supervision.hang_watch
+
+
+@pytest.mark.skipif(not inbox_layout_known(Queue()), reason="the inbox repair knows faster-fifo 1.5 on x86-64 glibc")
+def test_a_stopped_reader_is_named_rather_than_the_writer_stuck_signalling_it():
+    # A reader stopped (SIGSTOP) while it waits on its inbox's condition variable can leave a writer that signals it
+    # waiting inside the inbox, holding the lock: the writer is a holder, yet the stopped reader is the one to blame.
+    inbox = Queue(max_size_bytes=100_000)
+    reader = PlainProcess("inference_worker_0_process", wait_in_get, inbox)
+    wait_for_field(inbox, WAITER_COUNTS[0], 1, reader)
+    writer = PlainProcess("rollout_worker_0_process", lambda _own_inbox: hold_the_lock(inbox), Queue())
+    wait_for_field(inbox, MUTEX_OWNER, writer.pid, writer)
+    supervision, watch = watched_pair(reader, writer)
+    try:
+        now = time.monotonic()
+        watch.last_heard = {"rollout_worker_0": now - 122, "inference_worker_0": now - 119}
+        assert supervision._culprit() == "rollout_worker_0"  # not stopped: the holder, silent past the timeout
+        os.kill(reader.pid, signal.SIGSTOP)
+        deadline = time.time() + 10
+        while psutil.Process(reader.pid).status() != psutil.STATUS_STOPPED:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        assert supervision._culprit() is None  # the stopped one is not past the timeout yet: no one is named
+        watch.last_heard["inference_worker_0"] = now - 121
+        assert supervision._culprit() == "inference_worker_0"
+        assert supervision._culprit(among={"rollout_worker_0": writer}, stopping=True) == "rollout_worker_0"
+    finally:
+        for process in (reader, writer):
+            process.kill()
+            process.join(10)
+
+
 @pytest.mark.skipif(not inbox_layout_known(Queue()), reason="the inbox repair knows faster-fifo 1.5 on x86-64 glibc")
 @pytest.mark.parametrize("frozen", ["sender inside the reader's inbox", "reader inside its inbox", "neither"])
 def test_a_worker_frozen_inside_an_inbox_is_named_rather_than_a_worker_it_silenced(frozen):
@@ -567,11 +606,7 @@ def test_a_worker_frozen_inside_an_inbox_is_named_rather_than_a_worker_it_silenc
     if frozen != "neither":
         holder = sender if frozen.startswith("sender") else reader
         wait_for_field(inbox, MUTEX_OWNER, holder.pid, holder)
-    supervision = type("Watched", (Supervision,), {})()
-    supervision.processes = [reader, sender]
-    inboxes = [inbox, sender.event_loop.signal_queue]
-    supervision.respawner = Respawner(Config(), buffers=None, task_sequence=None, inboxes=inboxes)
-    watch = supervision.hang_watch = HangWatch(Config(), splits=None)  # --hang_timeout_sec 120
+    supervision, watch = watched_pair(reader, sender)
     try:
         now = time.monotonic()
         watch.last_heard = {"rollout_worker_0": now - 121, "inference_worker_0": now - 119}
@@ -582,6 +617,11 @@ def test_a_worker_frozen_inside_an_inbox_is_named_rather_than_a_worker_it_silenc
         watch.last_heard["inference_worker_0"] = now - 122  # both past it, the sender silent longer
         assert supervision._culprit() == ("rollout_worker_0" if frozen.startswith("reader") else "inference_worker_0")
         assert supervision._culprit(among={"inference_worker_0": sender}, stopping=True) == "inference_worker_0"
+        # The writer blocked on a frozen reader's inbox passes the timeout first: it waits for the reader's turn.
+        watch.last_heard = {"rollout_worker_0": now - 119, "inference_worker_0": now - 121}
+        assert supervision._culprit() == (None if frozen.startswith("reader") else "inference_worker_0")
+        watch.last_heard["rollout_worker_0"] = now - 0.5  # unless the reader is reporting: then it is not frozen
+        assert supervision._culprit() == "inference_worker_0"
     finally:
         for process in (reader, sender):
             process.kill()
