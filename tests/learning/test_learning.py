@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from helpers import reached_target, read_summary, run_train
+from sfengine.engine.checkpoint import list_checkpoints, load_checkpoint
 from sfengine.reporting.events import read_scalars
 
 pytestmark = pytest.mark.slow
@@ -36,11 +37,13 @@ def test_cartpole_reaches_400_within_300k_steps_in_every_layout(train_dir, mode)
 
 
 @pytest.mark.parametrize("clip_mode", ["soft_clip", "sapo", "ce_gppo", "cispo"])
-def test_cartpole_reaches_400_within_300k_steps_with_each_clip_mode_alone(train_dir, clip_mode):
+def test_cartpole_reaches_400_within_500k_steps_with_each_clip_mode_alone(train_dir, clip_mode):
     # ppo_clip, the default, is the evaluator's run below. Each mode alone, in the default asynchronous mode: its own
     # --target_kl (0.01) is what keeps it up. Without one, at the preset's 1e-3, ce_gppo and cispo fell to a return
-    # of 9 in 4 of 4 seeds; with it, every run of every mode crossed 400 within 216k steps and ended at 500.
-    args = ["--cfg=cartpole", "--train_for_env_steps=300000", f"--clip_mode={clip_mode}", "--stop_at_return=400"]
+    # of 9 in 4 of 4 seeds; with it, every run of every mode crossed 400 within 216k steps and ended at 500. On a
+    # loaded 2-core machine ce_gppo crossed it at 100k-200k in 21 of 22 runs, and one was at 321 at 300k (the same
+    # seed again: 103k): the limit leaves room for such a slow run, not for a collapse.
+    args = ["--cfg=cartpole", "--train_for_env_steps=500000", f"--clip_mode={clip_mode}", "--stop_at_return=400"]
     result = run_train(train_dir, clip_mode, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, clip_mode)
@@ -56,6 +59,25 @@ def test_cartpole_reaches_400_within_300k_steps_with_each_clip_mode_alone(train_
     ess = [point.value for point in curves["train/ess"]]
     assert all(0 < value <= 1 for value in ess), ess
     assert f"learner: {clip_mode} kl " in result.stdout
+
+
+@pytest.mark.parametrize("serial", [True, False], ids=["serial", "processes"])
+def test_a_synchronous_run_with_one_rollout_worker_repeats_its_weights_to_the_bit(train_dir, serial):
+    # docs/training.md promises it: the same --seed trains the same weights. (The summary's mean return may differ:
+    # it counts the episodes reported by the time the run stops.)
+    args = ["--env=CartPole-v1", f"--serial_mode={serial}", "--async_rl=false", "--num_workers=1", "--seed=3"]
+    args += ["--train_for_env_steps=20000"]
+    runs = []
+    for name in ("first", "second"):
+        result = run_train(train_dir, name, *args)
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = read_summary(train_dir, name)
+        weights = load_checkpoint(list_checkpoints(train_dir / name)[-1])["model"]
+        runs.append((summary["env_steps"], summary["policy_version"], weights))
+    (*first, first_weights), (*second, second_weights) = runs
+    assert first == second
+    assert first_weights.keys() == second_weights.keys()
+    assert all(torch.equal(first_weights[key], second_weights[key]) for key in first_weights)
 
 
 def test_synchronous_mode_is_on_policy_and_learns(train_dir):
