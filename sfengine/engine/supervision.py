@@ -207,9 +207,12 @@ class Supervision:
 
     def _respawn(self, process: EngineProcess) -> None:
         component = process.name.removesuffix("_process")
-        # Workers that went quiet when it did (or after) may have been blocked on an inbox it held, which its end
-        # frees: their silences count from now, or one could be named before its next report reaches the runner.
-        if (quiet_since := self.hang_watch.last_heard.get(component)) is not None:
+        # One quiet before its end (frozen, hung) may have blocked workers on an inbox it held, which its end frees:
+        # the silences begun when its did (or after) count from now, or one could be named before its next report
+        # reaches the runner. Not after the death of one that was reporting (a crash, a chaos kill): respawns one
+        # after another would keep restarting a hung worker's silence.
+        quiet_since = self.hang_watch.last_heard.get(component)
+        if quiet_since is not None and time.monotonic() - quiet_since > HOLDER_SILENCE_SEC:
             self.hang_watch.restart_silences(begun_after=quiet_since - HOLDER_SILENCE_SEC)
         self.hang_watch.forget(component)
         self.reported.discard(component)

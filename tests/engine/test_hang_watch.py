@@ -108,3 +108,9 @@ def test_silences_begun_with_a_respawned_workers_count_again_from_its_respawn():
     assert "inference_worker_0" not in watch.last_heard  # watched again from its successor's first report
     assert watch.silent_for("rollout_worker_0") < 1 and watch.silent_for("rollout_worker_1") > 59
     assert watch.silent() == ["rollout_worker_1"]
+    # The death of one that was reporting (a crash, a chaos kill) blocked no one: silences go on, also one begun
+    # just before it (restarted at every such respawn, a hung worker's would never pass the timeout).
+    now = time.monotonic()
+    watch.last_heard |= {"inference_worker_0": now - 0.5, "rollout_worker_0": now - 1.5}
+    supervision._respawn(frozen)
+    assert watch.silent_for("rollout_worker_0") >= 1.5 and watch.silent() == ["rollout_worker_1"]
