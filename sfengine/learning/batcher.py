@@ -71,7 +71,9 @@ class Batcher(Component):
         while len(self.pending) >= self.trajectories_per_batch and self.free_slots:
             started = time.perf_counter()
             slot = self.free_slots.popleft()
-            ids = [self.pending.popleft() for _ in range(self.trajectories_per_batch)]
+            # In buffer order, not arrival order: a synchronous run's batch then holds its trajectories in the same
+            # rows from run to run, and trains the same weights (docs/training.md, "Repeatable runs").
+            ids = sorted(self.pending.popleft() for _ in range(self.trajectories_per_batch))
             self.batch_slots[slot].copy_rows_(self.buffers.trajectories, torch.tensor(ids))
             release_buffers(self, self.buffers, ids)
             self.busy_sec += time.perf_counter() - started

@@ -61,12 +61,19 @@ def test_cartpole_reaches_400_within_500k_steps_with_each_clip_mode_alone(train_
     assert f"learner: {clip_mode} kl " in result.stdout
 
 
-@pytest.mark.parametrize("serial", [True, False], ids=["serial", "processes"])
-def test_a_synchronous_run_with_one_rollout_worker_repeats_its_weights_to_the_bit(train_dir, serial):
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param(["--serial_mode=true", "--num_workers=1"], id="serial"),
+        pytest.param(["--num_workers=1"], id="processes"),
+        # Trajectories reach the batcher in any order; it orders each batch by buffer, as the workers own them.
+        pytest.param(["--num_workers=2", "--num_inference_workers=0"], id="workers_act"),
+    ],
+)
+def test_a_synchronous_run_repeats_its_weights_to_the_bit(train_dir, layout):
     # docs/training.md promises it: the same --seed trains the same weights. (The summary's mean return may differ:
     # it counts the episodes reported by the time the run stops.)
-    args = ["--env=CartPole-v1", f"--serial_mode={serial}", "--async_rl=false", "--num_workers=1", "--seed=3"]
-    args += ["--train_for_env_steps=20000"]
+    args = ["--env=CartPole-v1", "--async_rl=false", "--seed=3", "--train_for_env_steps=20000", *layout]
     runs = []
     for name in ("first", "second"):
         result = run_train(train_dir, name, *args)
