@@ -2,9 +2,9 @@
 
 An evaluation stopped by Ctrl-C, a job's time limit, or a worker past ``--max_respawns`` writes the episodes that
 finished, with ``"complete": false`` (sfengine.evaluate). A new evaluation empties results.json before any rank
-plays (``start_over``), and writes the episodes at each progress line, so one killed
-outright (SIGKILL, a lost node) leaves what it had played a few seconds before: rank 0 (the only one, or the first
-under torchrun) rewrites results.json with its episodes, and every other rank writes those it played to its own
+plays (``start_over``), and writes the episodes at each progress line, so one killed outright (SIGKILL, a lost node)
+leaves what it had played a few seconds before: rank 0 (the only one, or the first under torchrun) rewrites
+results.json with its episodes, and every other rank writes those it played to its own
 ``progress.rank<R>.<pid>.<ms>.json`` (rank 0 merges them at the end and removes them). The same command with
 ``--resume`` plays only the episodes missing from all of them and writes the merged results, so a LIBERO evaluation
 of 500 episodes cut at 472 costs 28 more, not 500:
