@@ -51,6 +51,23 @@ class RankInfo:
         )
 
 
+class Launcher:
+    """torchrun's agent, the parent of this rank's main process. Killed alone (SIGKILL, the OOM killer, a lost
+    node's agent), it signals nobody: without a watch its ranks would train on to the end of the run, holding the
+    machine's cores and GPUs with no job around them. The runner asks ``gone`` on each tick of its watch and stops
+    as after a SIGTERM (a checkpoint, the other ranks' agreement). Outside torchrun (no TORCHELASTIC_RUN_ID) the
+    parent is a shell, which a run started with nohup is meant to outlive: nothing is watched."""
+
+    def __init__(self):
+        self.pid = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+
+    def gone(self) -> str | None:
+        """Why this rank should stop, once its launcher has exited (its parent is then another process)."""
+        if self.pid is None or os.getppid() == self.pid:
+            return None
+        return f"torchrun (pid {self.pid}) exited"
+
+
 def rank_device(name: str, ranks: RankInfo | None = None) -> torch.device:
     """The torch device of ``--device=name`` for this rank's learner and inference. On CUDA, each rank on a
     machine takes its own GPU (its local rank, modulo the GPUs there): nccl refuses two ranks on one GPU, and

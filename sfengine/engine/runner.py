@@ -23,7 +23,7 @@ import time
 from signal_slot.signal_slot import signal
 
 from sfengine.config import Config
-from sfengine.engine.distributed import RankInfo
+from sfengine.engine.distributed import Launcher, RankInfo
 from sfengine.engine.event_loop import Component, EngineProcess
 from sfengine.engine.hang_watch import HangWatch
 from sfengine.engine.lifecycle import (
@@ -73,6 +73,7 @@ class Runner(Supervision, Reporting, Component):
         self.interrupts = 0
         self.writer: TensorBoardWriter | None = None
         self.ranks = RankInfo.from_environment()
+        self.launcher = Launcher()
         self.leads = self.ranks.rank == 0  # rank 0 prints, and writes TensorBoard and summary.json
         self.stop_asked: tuple[str, float] | None = None  # multi-rank: (reason, when) of a stop not yet agreed
         self.reported: set[str] = set()  # the workers heard from since their (re)start: their start-up is over

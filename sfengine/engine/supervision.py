@@ -104,6 +104,8 @@ class Supervision:
                 self._stop_every_rank(f"trained for {run.train_for_seconds:g} s")
             elif self.interrupts:
                 self._stop_every_rank("interrupted by a signal")
+            elif gone := self.launcher.gone():
+                self._stop_every_rank(gone)
             elif self.hang_watch is not None and (hung := self._culprit()):
                 self._stop_hung(hung)
             elif self.hang_watch is not None and (stuck := self.hang_watch.learner_hung()):

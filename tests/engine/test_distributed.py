@@ -142,6 +142,40 @@ def test_a_rank_that_fails_takes_the_whole_job_down_with_a_clear_message(tmp_pat
     assert leaked_shm(shm_before) == set()
 
 
+@pytest.mark.slow
+def test_ranks_whose_torchrun_is_killed_alone_save_and_stop(tmp_path, train_dir):
+    # SIGKILL (or the OOM killer) reaches torchrun's agent only: its ranks must not train on without it for the
+    # rest of the run, holding the machine, but stop as after a SIGTERM, each saying why, with a checkpoint.
+    args = ["--env=CartPole-v1", "--num_workers=1", "--num_envs_per_worker=4", "--train_for_env_steps=100000000"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
+    shm_before, output = shm_entries(), tmp_path / "output.txt"
+    with output.open("w") as out:
+        agent = subprocess.Popen([*launcher, *train_command(train_dir, "orphans", *args)[2:]], stdout=out, stderr=out)
+    ranks: list[psutil.Process] = []
+    try:
+        deadline = time.time() + 120
+        while "learner: ppo" not in output.read_text() and agent.poll() is None and time.time() < deadline:
+            time.sleep(0.5)  # a status line with the learner's statistics: it has trained
+        ranks = psutil.Process(agent.pid).children()
+        assert len(ranks) == 2 and "learner: ppo" in output.read_text(), output.read_text()[-3000:]
+        agent.kill()
+        agent.wait()
+        _, alive = psutil.wait_procs(ranks, timeout=90)  # no longer this test's children: their exit codes are lost
+        assert not alive, output.read_text()[-3000:]
+    finally:
+        for process in [*ranks, *psutil.Process().children(recursive=True)]:
+            if process.is_running():
+                process.kill()
+    text = output.read_text()
+    for rank in (0, 1):
+        assert f"[rank {rank}] stopping: torchrun (pid {agent.pid}) exited" in text
+    summary = read_summary(train_dir, "orphans")
+    assert summary["stop_reason"] == f"torchrun (pid {agent.pid}) exited" and summary["exit_code"] == 0
+    assert summary["ranks_in_sync"] is True
+    assert load_latest_checkpoint(train_dir / "orphans")["env_steps"] == summary["env_steps"]
+    assert leaked_shm(shm_before) == set()
+
+
 def test_the_ranks_on_a_machine_spread_over_its_gpus(monkeypatch):
     # nccl refuses two ranks on one GPU: torchrun's 8 ranks on two machines of 4 GPUs take GPUs 0-3 on each. (The
     # GPU count is the one thing faked here; a CUDA device object needs no GPU.)
