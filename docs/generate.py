@@ -80,7 +80,7 @@ def configuration_page() -> str:
 
 def presets_section() -> list[str]:
     """The presets shipped in configs/: what each is for (its comment's first sentence) and what it sets."""
-    from sfengine.config.files import load_preset, shipped_presets
+    from sfengine.config.files import load_preset, preset_purpose, shipped_presets
 
     lines = [
         "## Presets",
@@ -92,12 +92,7 @@ def presets_section() -> list[str]:
         "|---|---|---|",
     ]
     for path in sorted(shipped_presets().glob("*.yaml")):
-        comment = []
-        for line in path.read_text().splitlines():
-            if not line.startswith("#"):
-                break
-            comment.append(line.lstrip("# ").strip())
-        purpose = " ".join(comment).split(". ")[0].rstrip(".")
+        purpose = preset_purpose(path)
         values = ", ".join(f"`{name}: {value}`" for name, value in load_preset(str(path)).items())
         lines.append(f"| `{path.stem}` | {purpose.replace('|', '/')} | {values} |")
     return [*lines, ""]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -142,8 +143,21 @@ def write_preset(
         *(f"{arg[2:].split('=', 1)[0]}: {json.dumps(arg.split('=', 1)[1])}" for arg in train_args if "=" in arg),
         *(f"{name}: {value}" for name, value in layout.__dict__.items()),
     ]
-    path.write_text("\n".join(lines) + "\n")
+    scratch = path.with_name(path.name + ".tmp")
+    scratch.write_text("\n".join(lines) + "\n")
+    scratch.replace(path)  # a preset is whole or absent, never half written
     return path
+
+
+def writable_directory(directory: Path) -> None:
+    """Create ``directory`` (--out) if it is missing, and check that a preset can be written there: found out
+    before the search spends its budget, not after."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out={directory}: cannot create it ({exc.strerror}); give a writable directory") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out={directory}: not writable; give a writable directory")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=None, help="directory of the preset (default: the shipped configs/, for --cfg)"
     )
     args, train_args = parser.parse_known_args(argv)
+    out = args.out or shipped_presets()
     try:
+        writable_directory(out)
         with tempfile.TemporaryDirectory() as tmp:
             cfg = parse_config([*train_args, f"--train_dir={tmp}"])
         resolve_env_factory(cfg.env.env)
@@ -181,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for rank, (layout, fps) in enumerate(ranked, 1):
         print(f"| {rank} | {' | '.join(str(v) for v in layout.__dict__.values())} | {fps:,.0f} |")
-    path = write_preset(args.out or shipped_presets(), cfg.env.env, train_args, *ranked[0], machine)
+    path = write_preset(out, cfg.env.env, train_args, *ranked[0], machine)
     print(f"\nbest: {' '.join(ranked[0][0].options())}; written to {path} (use it with --cfg={path})")
     return 0
 

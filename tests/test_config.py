@@ -290,6 +290,19 @@ def test_each_clip_mode_brings_its_own_target_kl_unless_the_run_sets_one(tmp_pat
     assert target_kl("--clip_mode=cispo") == 0.0  # a resumed run keeps its saved setting
 
 
+def test_help_gives_each_default_once_and_each_presets_purpose_whole():
+    from sfengine.config import build_parser
+    from sfengine.config.files import preset_purpose, shipped_presets
+
+    words = " ".join(build_parser().format_help().split())
+    assert "(default: )" not in words  # an unset option says none, or its help says what unset means
+    assert "(default: all) (default:" not in words and "(default: every task) (default:" not in words
+    for path in shipped_presets().glob("*.yaml"):
+        purpose = preset_purpose(path)
+        assert purpose and "Defaults of" in purpose or f"{path.stem}: {purpose}" in words
+        assert purpose.count("(") == purpose.count(")"), purpose  # a sentence, not a line cut in its middle
+
+
 def test_evaluate_only_options_leave_the_training_command_and_old_saved_runs_resume_quietly(tmp_path, capsys):
     from sfengine.config import build_parser
 

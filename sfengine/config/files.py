@@ -66,16 +66,26 @@ def load_preset(path_or_name: str, _seen: tuple[Path, ...] = ()) -> dict[str, An
     return {**load_preset(str(relative) if relative.is_file() else base, (*_seen, path)), **data}
 
 
+def preset_purpose(path: Path) -> str:
+    """What a preset is for: the first sentence of the comment that opens it (``--help`` and docs/ show it)."""
+    comment = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        comment.append(line.lstrip("# ").strip())
+    return " ".join(comment).split(". ")[0].rstrip(".")
+
+
 def preset_help() -> str:
-    """``--cfg``'s help: each shipped preset with the first line of its own comment, which says when to use it.
-    An env's own defaults (``configs/<env>.yaml``, the LIBERO suites) apply by themselves and are only named."""
+    """``--cfg``'s help: each shipped preset with what it is for (``preset_purpose``). An env's own defaults
+    (``configs/<env>.yaml``, the LIBERO suites) apply by themselves and are only named."""
     described, env_defaults = [], []
     for path in sorted(shipped_presets().glob("*.yaml")):
-        first_line = path.read_text().splitlines()[0] if path.stat().st_size else ""
-        if first_line.startswith("# Defaults of --env="):
+        purpose = preset_purpose(path)
+        if purpose.startswith("Defaults of --env="):
             env_defaults.append(path.stem)
         else:
-            described.append(f"{path.stem}: {first_line.lstrip('# ').rstrip('.')}")
+            described.append(f"{path.stem}: {purpose}")
     return (
         "YAML preset: a path, or the name of one shipped in configs/: "
         + "; ".join(described)

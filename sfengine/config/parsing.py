@@ -80,10 +80,18 @@ def add_option_group(
             f"--{name}",
             default=argparse.SUPPRESS,
             metavar={"list": "INT,INT,..."}.get(type_name, type_name.upper()),
-            help=f"{metadata['help']} (default: {info.default})"
+            help=metadata["help"]
+            + default_note(metadata["help"], info.default)
             + (f"; one of {', '.join(metadata['choices'])}" if metadata["choices"] else "")
             + ("; auto: chosen from the cores and memory at start" if metadata["auto"] else ""),
         )
+
+
+def default_note(help_text: str, default: Any) -> str:
+    """What ``--help`` adds after an option's help: its default, unless the help says it (what unset means)."""
+    if "(default:" in help_text or "Default:" in help_text:
+        return ""
+    return f" (default: {'none' if default in ('', None) else default})"
 
 
 def command_options(options_cls: type, argv: list[str]) -> tuple[Any, list[str]]:
