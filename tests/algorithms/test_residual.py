@@ -277,6 +277,31 @@ def test_with_ibrl_the_critics_bootstrap_from_the_better_proposal_and_the_policy
         assert torch.equal(mine, theirs)
 
 
+def test_a_residual_sacs_temperature_holds_a_target_its_correction_can_reach(base_model):
+    # The correction's log-density is measured in its own box, 0.1 of the env's: -1 a dimension, the plain
+    # policy's target, lies above any entropy it can have, and its temperature grew tenfold every few seconds.
+    from test_offpolicy import batch
+
+    from sfengine.algorithms.sac import check_target_entropy, most_entropy
+    from sfengine.algorithms.sac.trainer import SACTrainer
+
+    model, cfg = residual("sac", "mode", 0.1, ACTION_SPEC, "--critic_hidden_sizes=16,16", "--rollout=8")
+    cfg.set("learning_starts", 0)
+    cfg.set("batch_size", 32)
+    torch.manual_seed(3)
+    trainer = SACTrainer(model, cfg)
+    assert trainer.target_entropy < most_entropy(model.action_half_range.tolist()) < -ACTION_SPEC.dim
+    start = float(trainer.alpha)
+    for seed in range(4):
+        trainer.train(batch(seed), 0, 0)
+    assert trainer.critic_steps > 20 and float(trainer.alpha) < start
+    # A target given above the reachable is refused before anything starts, naming the bound.
+    check_target_entropy(cfg, OBS_SPEC, ACTION_SPEC)
+    cfg.set("target_entropy", -3.0)
+    with pytest.raises(ConfigError, match=r"--target_entropy=-3 is more than .* at most -3.22.*below -3.22"):
+        check_target_entropy(cfg, OBS_SPEC, ACTION_SPEC)
+
+
 def test_td3s_target_actor_holds_the_frozen_base_by_reference_and_saves_only_its_own_weights(base_model):
     from test_offpolicy import batch
 

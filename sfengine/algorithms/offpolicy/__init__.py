@@ -4,6 +4,7 @@ options (``options``, one ``offpolicy`` group) and the rules, defaults and check
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import psutil
@@ -69,11 +70,18 @@ def layout(cfg: Config, step_sec: float) -> str | None:
 RESIDUAL_BC_WEIGHT = 0.4
 
 
-def off_policy_algorithm(trainer: str, actor: str, residual: str, title: str, own_defaults: dict) -> Algorithm:
+def off_policy_algorithm(
+    trainer: str, actor: str, residual: str, title: str, own_defaults: dict, own_check: Callable | None = None
+) -> Algorithm:
     """The spec of an off-policy algorithm: its trainer (an ``OffPolicyTrainer``), the policy it acts with (its
     ``actor`` class, or with --residual_over its ``residual`` class over the frozen base), each as ``module:name``
-    (imported when a run builds them, so reading the options imports no torch), and the defaults it sets beyond the
-    shared ones where a run gives none."""
+    (imported when a run builds them, so reading the options imports no torch), the defaults it sets beyond the
+    shared ones where a run gives none, and its own rules on the env's spaces beside the shared ``check``."""
+
+    def checks(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
+        check(cfg, obs_spec, action_spec)
+        if own_check is not None:
+            own_check(cfg, obs_spec, action_spec)
 
     def defaults(cfg: Config, given: set[str]) -> None:
         for name, value in {**OFF_POLICY_DEFAULTS, **own_defaults}.items():
@@ -97,7 +105,7 @@ def off_policy_algorithm(trainer: str, actor: str, residual: str, title: str, ow
         final_obs=True,  # n-step targets bootstrap a time limit from the episode's own last observation
         demos=True,  # kept in a replay of their own, drawn at --demo_ratio
         model=model,
-        check=check,
+        check=checks,
         check_resume=check_resume,
         title=title,
         describe=describe,

@@ -54,7 +54,9 @@ class OffPolicyOptions:
         "a loss: its entropy bonus outpaid the one reward of a success that ends the episode)",
     )
     target_entropy: float = option(
-        0.0, "sac: the entropy the temperature is learned to hold; 0: -(action dimensions), the usual choice"
+        0.0,
+        "sac: the entropy the temperature is learned to hold; 0: -(action dimensions), the usual choice, and for a "
+        "residual that less log(1 / --residual_scale) a dimension (the correction's smaller box)",
     )
     learn_temperature: bool = option(True, "sac: learn alpha to --target_entropy; False: keep --init_temperature")
     exploration_noise: float = option(

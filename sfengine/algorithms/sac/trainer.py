@@ -21,6 +21,7 @@ from sfengine.config import Config
 from sfengine.engine.distributed import LearnerGroup
 from sfengine.learning.trainer import adam, load_optimizer_state
 
+from . import default_target_entropy
 from .actor import SquashedGaussianActor
 
 
@@ -30,7 +31,8 @@ class SACTrainer(OffPolicyTrainer):
         options = self.options
         self.log_alpha = torch.tensor(math.log(options.init_temperature), device=self.device, requires_grad=True)
         self.alpha_optimizer = adam([self.log_alpha], options.critic_learning_rate, cfg)
-        self.target_entropy = options.target_entropy or -float(model.action_spec.dim)
+        scale = options.residual_scale if options.residual_over else 1.0
+        self.target_entropy = options.target_entropy or default_target_entropy(model.action_spec.dim, scale)
 
     def target_value(self, next_obs: dict[str, Tensor], next_features: Tensor) -> Tensor:
         next_actions, next_log_probs = self.model.sample(self.model.policy_params(next_obs, next_features))
