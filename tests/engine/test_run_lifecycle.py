@@ -165,7 +165,7 @@ def test_a_resume_that_does_not_fit_its_checkpoint_is_refused_and_the_run_still_
 @pytest.mark.slow
 def test_a_sac_run_resumed_with_other_critics_or_another_algorithm_is_refused_before_it_starts(train_dir):
     args = ["--algo=sac", "--env=Pendulum-v1", "--num_workers=1", "--num_envs_per_worker=2", "--learning_starts=10000"]
-    first = run_train(train_dir, "critics", *args, "--train_for_env_steps=512")
+    first = run_train(train_dir, "critics", *args, "--train_for_env_steps=512", "--save_replay=true")
     assert first.returncode == 0
     assert "no gradient step before the run stops" in first.stderr  # (the replay stays below --learning_starts)
     saved = (train_dir / "critics" / "config.json").read_text()
@@ -178,7 +178,15 @@ def test_a_sac_run_resumed_with_other_critics_or_another_algorithm_is_refused_be
     assert result.returncode == 2
     line = error_line(result)
     assert "was trained with --algo=sac" in line and "resume it with --algo=sac" in line, line
+    # The replay it kept (--save_replay) has another shape than a changed --replay_size asks: refused, not a
+    # traceback in the learner once every worker runs; --save_replay=false drops it and the run refills one.
+    result = run_train(train_dir, "critics", *args, "--replay_size=20000", longer)
+    assert result.returncode == 2 and "learner" not in result.stdout
+    line = error_line(result)
+    assert "its replay (--save_replay) holds" in line and "--replay_size 1000000 -> 20000" in line, line
     assert (train_dir / "critics" / "config.json").read_text() == saved
+    result = run_train(train_dir, "critics", *args, "--replay_size=20000", "--save_replay=false", longer)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -190,11 +190,22 @@ def check(cfg: Config, obs_spec: ObsSpec, action_spec: ActionSpec) -> None:
 
 def check_resume(cfg: Config, model, state: dict) -> None:
     """The checkpoint's critics fit --num_critics, --critic_hidden_sizes and --critic_layer_norm (a mismatch
-    raises load_state_dict's RuntimeError); the optimiser's state and the targets have the critics' shapes."""
+    raises load_state_dict's RuntimeError); the optimiser's state and the targets have the critics' shapes. A
+    replay it keeps (--save_replay) fits --replay_size and --rollout, unless this run drops it (--save_replay=false)."""
     from sfengine.algorithms.offpolicy.critics import CriticEnsemble
+    from sfengine.algorithms.offpolicy.replay import replay_rows
 
     width = model.critic_feature_dim + model.action_spec.dim
     CriticEnsemble.of_options(cfg.algorithm_options, width).load_state_dict(state["critics"])
+    if "replay" not in state or not cfg.algorithm_options.save_replay:
+        return
+    saved = tuple(state["replay"]["actions"].shape[:2])
+    here = (replay_rows(cfg.algorithm_options.replay_size, cfg.sampler.rollout, model.action_spec), cfg.sampler.rollout)
+    if saved != here:
+        raise RuntimeError(
+            f"its replay (--save_replay) holds {saved[0]} trajectories of {saved[1]} steps, this run's "
+            f"{here[0]} of {here[1]} (--replay_size, --rollout; --save_replay=false refills it instead)"
+        )
 
 
 def describe(cfg: Config) -> str:

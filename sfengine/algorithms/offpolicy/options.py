@@ -121,5 +121,6 @@ class OffPolicyOptions:
     save_replay: bool = option(
         False,
         "keep the replay in each checkpoint (its size in memory again on disk), so a resumed run goes on with it; "
-        "without, a resume refills it and takes no gradient step until --learning_starts env steps are back in",
+        "without, a resume refills it and takes no gradient step until --learning_starts env steps are back in "
+        "(--save_replay=false on resuming such a run drops the replay it kept, to change --replay_size or --rollout)",
     )

@@ -82,10 +82,15 @@ def check_replay_fits(replay_size: int, obs_spec: ObsSpec, action_spec: ActionSp
         )
 
 
+def replay_rows(capacity_steps: int, horizon: int, action_spec: ActionSpec) -> int:
+    """The trajectories of ``horizon`` entries a replay of ``capacity_steps`` env steps holds."""
+    return max(1, capacity_steps // (horizon * action_spec.chunk))
+
+
 class Replay:
     def __init__(self, capacity_steps: int, horizon: int, obs_spec: ObsSpec, action_spec: ActionSpec):
         self.horizon = horizon
-        self.capacity = max(1, capacity_steps // (horizon * action_spec.chunk))  # rows
+        self.capacity = replay_rows(capacity_steps, horizon, action_spec)
         rows, steps = (self.capacity, horizon + 1), (self.capacity, horizon)
         self.obs = {
             key: torch.zeros(rows + shape, dtype=obs_spec.dtypes[key]) for key, shape in obs_spec.shapes.items()

@@ -334,7 +334,7 @@ class OffPolicyTrainer(Trainer):
         self.learning_from = int(state["learning_from"])
         self.generator.set_state(state["generator"])
         self.load_extra_state(state)
-        if "replay" in state:
+        if "replay" in state and self.options.save_replay:  # --save_replay=false on resume: refilled instead
             self.replay.load_state_dict(state["replay"])
 
 
