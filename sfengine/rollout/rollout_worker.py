@@ -180,6 +180,12 @@ class RolloutWorker(Component):
 
         for split in self.splits:
             started = time.perf_counter()
+            if len(self.free_ids) < len(split.group):
+                # A respawned worker whose predecessor had lent most of its buffers (a learner that sets the pace
+                # holds them): this split starts where the batcher gives enough back, as after a rollout.
+                self._start_waiting(split)
+                self.start_sec += time.perf_counter() - started
+                continue
             self._take_buffers(split)
             for i in range(len(split.group)):
                 obs = split.group.reset(i)
@@ -203,6 +209,18 @@ class RolloutWorker(Component):
 
     def _any_active(self) -> bool:
         return any(split.group.active.any() for split in self.splits)
+
+    def _start_waiting(self, split: SplitRunner) -> None:
+        """Reset ``split``'s envs and hold their first observations until buffers are free (``_resume_waiting``
+        writes them at step 0 and asks for the policy's actions)."""
+        held = {f"obs.{key}": np.zeros_like(view[: len(split.group), 0]) for key, view in self.obs_np.items()}
+        for i in range(len(split.group)):
+            obs = split.group.reset(i)
+            for key, value in (obs or {}).items():
+                held[f"obs.{key}"][i] = value
+        split.held = held | {"episode_positions": np.asarray(split.group.positions).copy()}
+        split.may_resume = True
+        self.waiting_splits.append(split)
 
     def _take_buffers(self, split: SplitRunner) -> None:
         for i in range(len(split.group)):

@@ -291,13 +291,22 @@ def test_a_worker_that_dies_at_every_start_stops_the_run_after_max_respawns(tmp_
     assert_nothing_left(seen, shm_before)
 
 
+# SAC on a cheap env: its learner sets the pace and holds most of a worker's buffers, so a respawned rollout worker
+# finds too few free to start every split at once (it crashed there, and its crashes used up --max_respawns).
+CHAOS_RUNS = {
+    "ppo": [],
+    "sac": ["--algo=sac", "--env=Pendulum-v1", "--learning_starts=500", "--num_workers=2", "--num_envs_per_worker=4"],
+}
+
+
 @pytest.mark.slow
-def test_chaos_kills_workers_every_second_and_the_run_still_finishes(train_dir):
+@pytest.mark.parametrize("run", CHAOS_RUNS)
+def test_chaos_kills_workers_every_second_and_the_run_still_finishes(train_dir, run):
     # For 20 s of training: a respawn takes seconds (a new process imports torch), so how far a run of a fixed
     # length gets under kills every second depends wholly on the machine (12,000 env steps took 200 s beside two
     # benchmarks; 40,000 took 111 s quiet); the time limit holds the number of kills instead.
     shm_before = shm_entries()
-    args = ["--train_for_env_steps=100000000", "--train_for_seconds=20", "--chaos_kill_every_sec=1"]
+    args = ["--train_for_env_steps=100000000", "--train_for_seconds=20", "--chaos_kill_every_sec=1", *CHAOS_RUNS[run]]
     process = start_training(train_dir, "chaos", *args)
     seen = {}
     while process.poll() is None:
@@ -308,8 +317,10 @@ def test_chaos_kills_workers_every_second_and_the_run_still_finishes(train_dir):
     assert process.returncode == 0, output[-3000:]
     summary = read_summary(train_dir, "chaos")
     assert summary["chaos_kills"] >= 5
-    # Every kill but one made just before the stop was followed by a respawn, none counted against the budget.
-    assert sum(summary["respawns"].values()) >= summary["chaos_kills"] - 1
+    # Every kill but one made just before the stop was followed by a respawn, none counted against the budget,
+    # and no successor died on its own.
+    assert summary["chaos_kills"] - 1 <= sum(summary["respawns"].values()) <= summary["chaos_kills"], output[-3000:]
+    assert "Traceback" not in output
     assert summary["env_steps"] >= 1024  # it trained between the kills
     assert_nothing_left(list(seen.values()), shm_before)
 
