@@ -79,14 +79,19 @@ GATHER_TIMEOUT = datetime.timedelta(hours=12)  # ranks finish their shards at di
 
 def locate_checkpoint(argv: list[str]) -> list[str]:
     """With ``--checkpoint=PATH`` and no ``--experiment``, the run is the one the checkpoint belongs to
-    (``<train_dir>/<experiment>/checkpoints/<file>``), so its saved config applies."""
+    (``<train_dir>/<experiment>/checkpoints/<file>``), so its saved config applies (an off-policy checkpoint
+    builds no policy without it), whatever ``--train_dir`` says. A file outside a run's checkpoints/ folder is
+    evaluated in ``--train_dir``'s default experiment, or beside itself."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name in ("--checkpoint", "--experiment", "--train_dir"):
         pre.add_argument(name)
     known, _ = pre.parse_known_args(argv)
-    if not known.checkpoint or known.experiment or known.train_dir:
+    if not known.checkpoint or known.experiment:
         return argv
     path = Path(known.checkpoint).resolve()
+    in_a_run = path.parent.name == "checkpoints" and (path.parent.parent / "config.json").is_file()
+    if known.train_dir and not in_a_run:
+        return argv
     experiment_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     return [*argv, f"--train_dir={experiment_dir.parent}", f"--experiment={experiment_dir.name}"]
 

@@ -18,7 +18,7 @@ from helpers import evaluate, read_summary, registered_base, run_train, scripted
 from sfengine.algorithms.offpolicy.residual import base_identity, load_base
 from sfengine.config import ConfigError, parse_config
 from sfengine.demos import write_demos
-from sfengine.engine.checkpoint import load_latest_checkpoint
+from sfengine.engine.checkpoint import list_checkpoints, load_latest_checkpoint
 from sfengine.env.registry import resolve_env_factory
 from sfengine.env.spaces import ActionSpec, ObsSpec
 from sfengine.reporting.events import read_scalars
@@ -176,8 +176,11 @@ def test_an_ibrl_run_saves_the_critics_it_chose_with_and_evaluates_by_them(reach
     chooser = {name[len("chooser.") :]: t for name, t in checkpoint["model"].items() if name.startswith("chooser.")}
     critics = checkpoint["td3"]["critics"]
     assert chooser.keys() == critics.keys() and all(torch.equal(chooser[k], critics[k]) for k in critics)
-    result = evaluate(f"--train_dir={train_dir}", "--experiment=ibrl", "--eval_episodes=10")
+    # Given by its file (and --train_dir), the checkpoint is evaluated in its own run: its config builds the policy.
+    latest = list_checkpoints(train_dir / "ibrl")[-1]
+    result = evaluate(f"--train_dir={train_dir}", f"--checkpoint={latest}", "--eval_episodes=10")
     assert result.returncode == 0 and "success" in result.stdout, result.stderr[-2000:]
+    assert (train_dir / "ibrl" / "eval" / latest.stem / "results.json").is_file()
     # The run copied where its base is not (another machine): it evaluates alike, with the base its checkpoint keeps.
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(train_dir / "ibrl", elsewhere / "ibrl")
