@@ -53,7 +53,7 @@ from sfengine.engine.distributed import RankInfo
 from sfengine.engine.event_loop import end_process_now, start_command
 from sfengine.engine.fork_server import component_context
 from sfengine.engine.sizing import SAMPLER_LAYOUT, Machine, env_step_seconds, resolve_auto_options
-from sfengine.env.check import EnvAPIError, check_env_api
+from sfengine.env.check import EnvAPIError, check_env_api, first_line
 from sfengine.env.multitask import TaskInfo, selected_init_states, task_info
 from sfengine.env.registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.env.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space
@@ -133,6 +133,11 @@ def probe_env(
         env = factory(env_context(cfg, -1, 0, cfg.env.seed))
     except Exception as exc:  # noqa: BLE001  (any failure here is a failure to build the user's env)
         raise ConfigError(f"env '{cfg.env.env}' could not be created: {type(exc).__name__}: {exc}") from None
+    if not (hasattr(env, "action_space") and hasattr(env, "observation_space")):
+        raise ConfigError(
+            f"env '{cfg.env.env}': its factory returned {type(env).__name__}, not an env with an action_space and an "
+            "observation_space: return the env from it"
+        )
     if algorithm_for(cfg).grouped(cfg) and not cfg.env.max_episode_steps:
         # Groups are batched whole, so their size in samples must be known: take the env's own step limit.
         cfg.env.max_episode_steps = episode_step_limit(env)
@@ -147,11 +152,22 @@ def probe_env(
         check_env_api(env, obs_spec, cfg.env.seed, first)
         if checked is not None:
             checked(env, first)
-        return obs_spec, action_spec, tasks
     except (UnsupportedSpaceError, EnvAPIError) as exc:
         raise ConfigError(f"env '{cfg.env.env}': {exc}") from None
     finally:
+        closed = close_env(env)
+    if closed is not None:  # (after the checks' own error, which says more, where there was one)
+        raise ConfigError(f"env '{cfg.env.env}': close() raised {closed}; the workers close their envs too")
+    return obs_spec, action_spec, tasks
+
+
+def close_env(env) -> str | None:
+    """Close ``env``; what its close() raised, in one line, or None."""
+    try:
         env.close()
+    except Exception as exc:  # noqa: BLE001 - the env's own code
+        return first_line(exc)
+    return None
 
 
 def episode_step_limit(env) -> int:

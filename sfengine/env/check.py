@@ -3,7 +3,7 @@ main process before any other starts: an env that breaks the API is one line and
 failures in the workers (a ``step`` that returns 4 values), a respawn loop (an observation that does not fit its
 space) or a dead process named without the cause (a ``reset`` that raises).
 
-    reset(seed, options)  -> (obs, info)                                     obs fits observation_space
+    reset(seed, options)  -> (obs, info)                                     obs fits observation_space, info a dict
     step(a sample of the action space) -> (obs, reward, terminated, truncated, info)   reward a number, flags bools
 """
 
@@ -31,6 +31,7 @@ def check_env_api(env, obs_spec: ObsSpec, seed: int, options: dict | None) -> No
             f"reset() returned {describe(result)}; gymnasium's API returns (obs, info): return obs, {{}} from it"
         )
     check_obs(result[0], obs_spec, "reset()")
+    check_info(result[1], "reset()")
     try:
         result = env.step(env.action_space.sample())
     except Exception as exc:  # noqa: BLE001
@@ -41,13 +42,20 @@ def check_env_api(env, obs_spec: ObsSpec, seed: int, options: dict | None) -> No
             f"step() returned {count}; gymnasium's API returns 5: (obs, reward, terminated, truncated, info) (the "
             "old gym API's done is terminated or truncated: a time limit is a truncation)"
         )
-    obs, reward, terminated, truncated, _ = result
+    obs, reward, terminated, truncated, info = result
     check_obs(obs, obs_spec, "step()")
+    check_info(info, "step()")
     if not isinstance(np.asarray(reward).item() if np.ndim(reward) == 0 else None, numbers.Real):
         raise EnvAPIError(f"step() returned the reward {describe(reward)}; give one number a step")
     for name, flag in (("terminated", terminated), ("truncated", truncated)):
         if not isinstance(flag, bool | np.bool_):
             raise EnvAPIError(f"step() returned {name}={describe(flag)}; give a bool")
+
+
+def check_info(info, where: str) -> None:
+    """The engine reads ``success`` (and a time limit's details) from the info: it must be a dict."""
+    if not isinstance(info, dict):
+        raise EnvAPIError(f"{where} returned the info {describe(info)}; gymnasium's API gives a dict: return {{}}")
 
 
 def check_obs(obs, obs_spec: ObsSpec, where: str) -> None:

@@ -54,6 +54,17 @@ class ArrayReward(Toy):
         return np.zeros(3, np.float32), np.ones(2), False, False, {}
 
 
+class NoneInfo(Toy):
+    # Passed the check once, then every rollout worker died reading it (info.get) until --max_respawns.
+    def step(self, action):
+        return np.zeros(3, np.float32), 1.0, False, False, None
+
+
+class CloseRaises(Toy):
+    def close(self):
+        raise RuntimeError("viewer already gone")
+
+
 @pytest.mark.parametrize(
     "env, message",
     [
@@ -62,11 +73,29 @@ class ArrayReward(Toy):
         (ResetRaises(), "reset() raised RuntimeError: simulator asset missing: table.xml"),
         (ObsOnlyReset(), "reset() returned ndarray array([0., 0., 0.], dtype=float32); gymnasium's API returns"),
         (ArrayReward(), "step() returned the reward ndarray array([1., 1.]); give one number a step"),
+        (NoneInfo(), "step() returned the info NoneType None; gymnasium's API gives a dict: return {}"),
     ],
 )
 def test_an_env_that_breaks_the_api_is_named_with_the_fix(env, message):
     with pytest.raises(EnvAPIError) as info:
         check_env_api(env, obs_spec_from_space(env.observation_space), 0, None)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (lambda ctx: None, "env 'CartPole-v1': its factory returned NoneType, not an env with an action_space"),
+        (lambda ctx: CloseRaises(), "env 'CartPole-v1': close() raised RuntimeError: viewer already gone"),
+    ],
+    ids=["a factory that returns nothing", "close() raises"],
+)
+def test_a_factory_without_an_env_or_an_env_whose_close_raises_is_one_line(tmp_path, factory, message):
+    from sfengine.config import ConfigError, parse_config
+    from sfengine.train import probe_env
+
+    with pytest.raises(ConfigError) as info:
+        probe_env(parse_config([f"--train_dir={tmp_path}"]), factory)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
 
 
