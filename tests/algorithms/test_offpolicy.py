@@ -194,6 +194,18 @@ def test_a_run_that_stops_before_it_learns_says_why(caplog):
     assert not caplog.records  # 21 steps: the actor takes one
 
 
+def test_a_replay_of_failed_env_steps_only_takes_no_gradient_step_until_a_good_one_comes():
+    # An env that returns NaN from its first step: the learner drew from a replay with nothing in it to learn from
+    # and died with a traceback, before the run's check of non-finite steps could stop it with its own line.
+    trainer = make_trainer(learning_starts=0)
+    failed = batch(0)
+    failed.truncated[:] = True
+    failed.outcomes[:] = float("nan")  # how the rollout worker marks a failed step
+    stats = trainer.train(failed, 0, 0)
+    assert stats["gradient_steps"] == 0 and trainer.replay.good_steps() == 0 and trainer.owed == 0
+    assert trainer.train(batch(1), 1, 0)["gradient_steps"] > 0  # learns once good steps are in
+
+
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_a_resumed_trainer_goes_on_with_the_same_critics_targets_optimisers_and_temperature(algo):
     trainer = make_trainer(algo, save_replay=True, actor_delay=2)

@@ -177,6 +177,10 @@ class Replay:
         for key, value in finals.items():
             self.final_obs[key][slots] = value
 
+    def good_steps(self) -> int:
+        """Stored steps whose env step did not fail: those a draw can start at."""
+        return self.stored_steps - int(self.failed.view(-1)[: self.stored_steps].sum())
+
     def sample_indices(self, count: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(row, t) of ``count`` stored steps, uniformly with replacement over those whose env step did not fail."""
         if self.starts is not None:

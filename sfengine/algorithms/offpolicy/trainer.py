@@ -139,7 +139,7 @@ class OffPolicyTrainer(Trainer):
         if self.replay.finals_dropped:  # truncations more often than the replay keeps last observations for
             stats["replay_finals_dropped"] = float(self.replay.finals_dropped)
         world = self.group.ranks.world_size
-        if replay_steps < self.options.learning_starts * world:
+        if replay_steps < self.options.learning_starts * world or self.nothing_to_learn_from():
             return stats | {"gradient_steps": 0.0}
         if self.learning_from < 0:
             self.learning_from = self.env_steps_seen - new_steps
@@ -191,6 +191,15 @@ class OffPolicyTrainer(Trainer):
                 "--critic_warmup_updates"
             )
         return None
+
+    def nothing_to_learn_from(self) -> bool:
+        """Every env step in some rank's replay failed (an env that returns NaN from the start): no rank learns this
+        round (each gradient step all-reduces), and the run's check of non-finite env steps stops it with a line
+        that names the env, where a draw from such a replay would end the learner with a traceback."""
+        empty = self.replay.stored_steps > 0 and self.replay.good_steps() == 0
+        if not self.group.distributed:
+            return empty
+        return bool(self.group.sum(torch.tensor([float(empty)], device=self.device)).item() > 0)
 
     def agreed_counts(self, new_steps: int) -> tuple[int, int]:
         """This round's new env steps and the env steps the replays hold, both summed over the ranks. Every rank
