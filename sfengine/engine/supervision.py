@@ -108,7 +108,7 @@ class Supervision:
                 self._stop_every_rank(gone)
             elif self.hang_watch is not None and (hung := self._culprit()):
                 self._stop_hung(hung)
-            elif self.hang_watch is not None and (stuck := self.hang_watch.learner_hung()):
+            elif self.hang_watch is not None and (stuck := self._learner_stuck()):
                 self._stop_hung_learner(stuck)
             elif self.hang_watch is not None and (starting := self.hang_watch.startup_hung(self.processes)):
                 self._stop_hung(*starting, option="--startup_timeout_sec")
@@ -189,12 +189,14 @@ class Supervision:
                 log.error("%s died (exit code %s); respawning it%s", component, process.exitcode, lost)
                 self._respawn(process)
                 continue
-            self.learner_end_said |= process.name == "learner_process"
+            learner = process.name == "learner_process"
+            self.learner_end_said |= learner
             log.error(
-                "a component process died: %s (exit code %s); %s; stopping the run",
+                "a component process died: %s (exit code %s); %s; stopping the run%s",
                 process.name,
                 process.exitcode,
                 refusal,
+                f"; {self._last_checkpoint()}" if learner else "",
             )
             self.request_stop(f"process died: {process.name} (exit code {process.exitcode})", exit_code=1)
             return
@@ -276,14 +278,37 @@ class Supervision:
     def _end_hung_worker(self, process: EngineProcess) -> None:
         end_hung_worker(process, self.processes, self.hang_watch)
 
+    def _learner_stuck(self) -> str | None:
+        """What the learner is stuck in (``HangWatch.learner_hung``: one update or save for too long), or that its
+        process has been stopped outright (SIGSTOP, a debugger) for longer than --hang_timeout_sec: stopped between
+        updates, it is in none, and the rollout side only waits for buffers, so nothing else would name it."""
+        if stuck := self.hang_watch.learner_hung():
+            return stuck
+        timeout = self.cfg.run.hang_timeout_sec
+        learner = next((p for p in self.processes if p.name == "learner_process"), None)
+        if not timeout or learner is None or not learner.is_alive() or not process_stopped(learner.pid):
+            self.learner_stopped_since = None
+            return None
+        now = time.monotonic()
+        since = self.learner_stopped_since = getattr(self, "learner_stopped_since", None) or now
+        if now - since <= timeout:
+            return None
+        return (
+            f"learner_process has been stopped (SIGSTOP, a debugger) for {now - since:.0f} s, over --hang_timeout_sec"
+        )
+
+    def _last_checkpoint(self) -> str:
+        """Where a run whose learner ended goes on from: its last checkpoint, named."""
+        saved = list_checkpoints(self.cfg.experiment_dir)
+        return f"the last checkpoint is {saved[-1].name}" if saved else "no checkpoint was written yet"
+
     def _stop_hung_learner(self, description: str) -> None:
         """Print the stuck learner's stack, end it, and stop the run with exit code 1; the checkpoint to resume
         from is the last one it wrote before it hung."""
         process = next(p for p in self.processes if p.name == "learner_process")
+        stack = "it is stopped, so it printed no stack" if process_stopped(process.pid) else "its stack is above"
         print_stack(process)
-        saved = list_checkpoints(self.cfg.experiment_dir)
-        kept = f"the last checkpoint is {saved[-1].name}" if saved else "no checkpoint was written yet"
-        log.error("%s (hung?); its stack is above; stopping the run; %s", description, kept)
+        log.error("%s (hung?); %s; stopping the run; %s", description, stack, self._last_checkpoint())
         process.kill()
         self.learner_end_said = True
         Component.abandoned_inboxes.append(process.event_loop.signal_queue)
@@ -294,8 +319,9 @@ class Supervision:
         """A worker still running but silent past --hang_timeout_sec, or a learner stuck in its final update or
         save, while the run stops: (what it is stuck in, the worker's process or None for the learner)."""
         running = {p.name.removesuffix("_process"): p for p in self.processes if p.is_alive()}
-        # Only a running learner: one already ended keeps its clock's open update, and would be ended every tick.
-        if "learner" in running and (stuck := self.hang_watch.learner_hung()):
+        # Only a running learner not ended yet: one ended keeps its clock's open update (and may show alive for a
+        # moment after its kill), and would be ended every tick.
+        if "learner" in running and not self.learner_end_said and (stuck := self._learner_stuck()):
             return stuck, None
         component = self._culprit(among=running, stopping=True)
         return (self.hang_watch.describe(component), running[component]) if component else None

@@ -769,6 +769,41 @@ def test_a_hung_inference_worker_is_named_and_respawned_and_the_run_finishes(tra
     assert leaked_shm(shm_before) == set()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("end", ["SIGSTOP", "SIGKILL"])
+def test_a_learner_stopped_or_killed_mid_run_is_named_and_the_run_stops_with_its_last_checkpoint(train_dir, end):
+    # A learner stopped outright (SIGSTOP, a debugger) while it waits for a batch is in no update, and the rollout
+    # side only waits for buffers: the run showed a falling FPS, then waited its 60 s stop timeout. One killed (the
+    # OOM killer) stopped the run without naming the checkpoint to resume from.
+    shm_before = shm_entries()
+    args = [*FAST, "--train_for_env_steps=100000000", "--hang_timeout_sec=4", "--save_every_sec=0.5"]
+    process = start(train_command(train_dir, "ended", *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for_training(process)
+    deadline = time.time() + 60
+    while not list((train_dir / "ended" / "checkpoints").glob("checkpoint_*.pt")) and time.time() < deadline:
+        time.sleep(0.2)  # a checkpoint to name
+    children = psutil.Process(process.pid).children(recursive=True)
+    (learner,) = (c for c in children if c.name() == "sfe-learner")
+    learner.suspend() if end == "SIGSTOP" else learner.kill()
+    ended_at = time.time()
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 1, output[-3000:]
+    if end == "SIGSTOP":
+        # (Stopped inside an update, it is named as stuck in that update: the same stop.)
+        named = re.findall(r"(learner_process has been stopped \(SIGSTOP|learner has been inside one update).*", output)
+        assert len(named) == 1, output[-3000:]  # once: not again at every tick while the run stops
+        assert "it is stopped, so it printed no stack" in output
+        assert read_summary(train_dir, "ended")["stop_reason"] == "hung: learner"
+    else:
+        assert "a component process died: learner_process (exit code -9)" in output, output[-3000:]
+    assert time.time() - ended_at < 40  # its timeout and the stop, not the 60 s stop timeout on top
+    saved = sorted((train_dir / "ended" / "checkpoints").glob("checkpoint_*.pt"))
+    assert saved and f"the last checkpoint is {saved[-1].name}" in output
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"stray processes: {alive}"
+    assert leaked_shm(shm_before) == set()
+
+
 # A user script whose learner gets stuck in an update (a deadlock inside the loss, a device call that never returns),
 # in the spawned learner process.
 STUCK_LEARNER_SCRIPT = textwrap.dedent(
