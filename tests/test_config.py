@@ -290,6 +290,21 @@ def test_each_clip_mode_brings_its_own_target_kl_unless_the_run_sets_one(tmp_pat
     assert target_kl("--clip_mode=cispo") == 0.0  # a resumed run keeps its saved setting
 
 
+def test_a_run_resumed_with_another_algorithm_is_refused_by_that_not_by_an_option_it_never_gave(tmp_path):
+    # The saved PPO run's --num_epochs=4 met SAC's rules first: "--num_epochs is PPO's: drop it", of an option the
+    # user never passed.
+    saved = parse_config(["--env=Pendulum-v1", f"--train_dir={tmp_path}", "--experiment=run"])
+    saved.experiment_dir.mkdir(parents=True)
+    save_config(saved, saved.experiment_dir / "config.json")
+    with pytest.raises(ConfigError, match=r"'run' was trained with --algo=ppo, and this run asks --algo=sac: resume"):
+        parse_config(["--algo=sac", f"--train_dir={tmp_path}", "--experiment=run"])
+    assert parse_config([f"--train_dir={tmp_path}", "--experiment=run"]).learner.algo == "ppo"  # not given: kept
+    restarted = parse_config(
+        ["--algo=sac", f"--train_dir={tmp_path}", "--experiment=run", "--restart_behavior=restart"]
+    )
+    assert restarted.learner.algo == "sac"
+
+
 def test_help_gives_each_default_once_and_each_presets_purpose_whole():
     from sfengine.config import build_parser
     from sfengine.config.files import preset_purpose, shipped_presets

@@ -149,7 +149,16 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
     env_defaults = None
     if cfg.run.restart_behavior == "resume" and saved.is_file():
         # A resumed run keeps its saved settings; the preset and the command line still win.
-        layers.insert(0, (load_saved_config(saved), str(saved)))
+        saved_options = load_saved_config(saved)
+        trained_with = saved_options.get("algo", cfg.learner.algo)
+        asked = any("algo" in overrides for overrides, _ in layers)  # (not given: the saved one)
+        if asked and trained_with != cfg.learner.algo:  # before its rules meet the saved run's options
+            raise ConfigError(
+                f"'{cfg.run.experiment}' was trained with --algo={trained_with}, and this run asks --algo="
+                f"{cfg.learner.algo}: resume it with --algo={trained_with}, or start a new --experiment (--init_from="
+                "its checkpoint to start from its policy)"
+            )
+        layers.insert(0, (saved_options, str(saved)))
         given = layers[1:]  # (files written before envs declared their options hold every env's: not an error)
     else:
         env_defaults = env_defaults_preset(cfg.env.env)
