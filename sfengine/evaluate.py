@@ -96,6 +96,16 @@ def locate_checkpoint(argv: list[str]) -> list[str]:
     return [*argv, f"--train_dir={experiment_dir.parent}", f"--experiment={experiment_dir.name}"]
 
 
+def acting(cfg: Config) -> str:
+    """How the evaluated policy acts, for the header: its mode or samples; a residual policy over a base's sampled
+    action draws that sample in every episode, so its evaluations differ by that draw even in mode."""
+    kind = "mode" if cfg.eval.eval_deterministic else "sampled"
+    options = cfg.algorithm_options
+    if getattr(options, "residual_over", "") and options.residual_base_action == "sample":
+        return f"the base's sampled action plus the correction's {'mean' if kind == 'mode' else 'sample'}"
+    return kind
+
+
 def relayout(cfg: Config, given: set[str]) -> None:
     """The training run's worker layout was sized for training (a learner beside the workers, every env cycling
     through all tasks); an evaluation sizes its own, so the ``auto`` options not given on this command line go
@@ -287,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"evaluating {checkpoint} (policy version {state['policy_version']}, {state['env_steps']:,} env steps)\n"
-            f"  env {cfg.env.env}: {what}; actions: {'mode' if ev.eval_deterministic else 'sampled'}\n"
+            f"  env {cfg.env.env}: {what}; actions: {acting(cfg)}\n"
             f"  {s.num_workers} rollout workers x {s.num_envs_per_worker} envs ({s.worker_num_splits} splits)"
             + (f", {ranks.world_size} ranks" if ranks.world_size > 1 else "")
             + (f"; {sizing}" if sizing else "")

@@ -303,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = pretrain(cfg, options, demo_set, obs_spec, action_spec)
     first, last = summary["validation_loss"][0], summary["validation_loss"][-1]
     change = f"validation loss {first:.4f} -> {last:.4f}" if last is not None else "no validation split"
+    kept, epochs = summary["kept_epoch"], len(summary["validation_loss"]) - 1
+    if last is not None and kept != epochs:  # the checkpoint holds another epoch's weights than the last
+        change += f" (the last epoch's); {summary['validation_loss'][kept]:.4f} at epoch {kept}, the one kept"
     print(
         f"done: {summary['stop_reason']} in {summary['wall_seconds']:.1f} s; {change}; {summary['checkpoint']}\n"
         f"  evaluate: python -m sfengine.evaluate --train_dir={cfg.run.train_dir} --experiment={cfg.run.experiment}\n"

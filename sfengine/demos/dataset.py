@@ -282,13 +282,15 @@ def read_demos(
 def read_file(path: Path, env: str | None, obs_mode: str | None, replay: LiberoReplay) -> DemoSet:
     """One file, ours or LIBERO's; anything h5py cannot read in it becomes a DemoFileError."""
     if not path.is_file():
-        raise DemoFileError(f"{path}: no such file; check the path (demo files are written by DemoWriter)")
+        raise DemoFileError(
+            f"{path}: no such file; check the path (python -m sfengine.demos records them, or DemoWriter)"
+        )
     try:
         with h5py.File(path, "r") as file:
             if "data" not in file:
                 raise DemoFileError(
                     f"{path}: no 'data' group, so not a robomimic/LIBERO demo file; give a file written by "
-                    "DemoWriter or one of LIBERO's <task>_demo.hdf5 datasets"
+                    "python -m sfengine.demos (or DemoWriter) or one of LIBERO's <task>_demo.hdf5 datasets"
                 )
             data = file["data"]
             if "sfengine_format" in data.attrs:
@@ -326,7 +328,10 @@ def check_obs_keys(path: Path, demos: list[Demo], reference: list[Demo]) -> None
 def read_own_file(path: Path, data: h5py.Group, env: str | None, obs_mode: str | None) -> DemoSet:
     file_env, file_obs_mode = str(data.attrs["env_name"]), str(data.attrs["obs_mode"])
     if env is not None and env != file_env:
-        raise DemoFileError(f"{path} holds demos of {file_env}, not {env}: pass env={file_env!r} or another file")
+        raise DemoFileError(
+            f"{path} holds demos of {file_env}, not {env}: give demos recorded on {env} (python -m sfengine.demos "
+            f"--env={env}), or train on {file_env}"
+        )
     if obs_mode is not None and obs_mode != file_obs_mode:
         raise DemoFileError(
             f"{path} holds {file_obs_mode} observations, not {obs_mode}: record demos with "

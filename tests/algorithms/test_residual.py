@@ -157,6 +157,7 @@ def test_td3s_correction_of_a_weak_clone_learns_sparse_reach_with_the_residual_p
     # 20 episodes a policy at 0.9 scores under 0.9 one time in three; the clone alone would score about 0.4.
     result = evaluate(f"--train_dir={train_dir}", "--experiment=residual", "--eval_episodes=20")
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "actions: the base's sampled action plus the correction's mean" in result.stdout  # not "mode"
     rate = re.search(r"success (\d\.\d+)", result.stdout)
     assert rate and float(rate.group(1)) >= 0.8, result.stdout[-1000:]
 

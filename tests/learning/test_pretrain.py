@@ -236,7 +236,7 @@ def test_help_lists_the_pretrain_group(capsys):
 
 
 @pytest.mark.slow
-def test_the_checkpoint_keeps_the_epoch_of_the_lowest_validation_loss(demo_file, tmp_path):
+def test_the_checkpoint_keeps_the_epoch_of_the_lowest_validation_loss(demo_file, tmp_path, capsys):
     # Few demonstrations, a high learning rate and many epochs: the validation loss turns up long before the end.
     args = ["--pretrain_batch_size=16", "--pretrain_learning_rate=1e-2", "--validation_fraction=0.25"]
     assert run_pretrain(tmp_path, "best", demo_file, "--pretrain_epochs=60", *args) == 0
@@ -245,6 +245,8 @@ def test_the_checkpoint_keeps_the_epoch_of_the_lowest_validation_loss(demo_file,
     kept = summary["kept_epoch"]
     assert kept == 1 + int(np.argmin(validation[1:])) and kept < summary["epochs"] == 60, validation
     assert validation[-1] > validation[kept]  # it overfit: the last epoch was the worse choice
+    # The last line gives the kept epoch's loss beside the last one's, not the last alone.
+    assert f"(the last epoch's); {validation[kept]:.4f} at epoch {kept}, the one kept" in capsys.readouterr().out
     # The same training stopped at that epoch holds the same weights (training is deterministic on the CPU).
     assert run_pretrain(tmp_path, "stopped", demo_file, f"--pretrain_epochs={kept}", "--keep_weights=last", *args) == 0
     (best,), (stopped,) = list_checkpoints(tmp_path / "best"), list_checkpoints(tmp_path / "stopped")
