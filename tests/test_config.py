@@ -80,6 +80,10 @@ def test_shipped_preset_found_by_name(tmp_path):
         (["--ppo_clip_ratio=nan"], "--ppo_clip_ratio='nan' is not a finite number"),
         (["--train_for_seconds=nan"], "--train_for_seconds='nan' is not a finite number"),
         (["--stop_at_return=-inf"], "--stop_at_return='-inf' is not a finite number: give a finite value; inf"),
+        # Values that run but do harm: healthy workers named hung, a limit that means nothing, kills never healed.
+        (["--hang_timeout_sec=0.5"], "--hang_timeout_sec=0.5 is within the workers' own pace"),
+        (["--max_episode_steps=-3"], "--max_episode_steps=-3 must not be negative (0: the env's own)"),
+        (["--chaos_kill_every_sec=1", "--max_respawns=0"], "give --max_respawns of 1 or more"),
         # Whole option names only, and a near miss named.
         (["--num_worker=2"], "unknown option --num_worker=2 (did you mean --num_workers?); see --help"),
         (["--no_such_option=1"], "unknown option --no_such_option=1; see --help"),

@@ -10,6 +10,10 @@ import os
 from sfengine.config.core import Config, auto_options
 from sfengine.config.options import ConfigError
 
+# Workers report every second: with a shorter timeout (0.5 s), healthy workers were named hung and respawned until
+# the run stopped.
+MIN_HANG_TIMEOUT_SEC = 1.0
+
 
 def validate(cfg: Config) -> None:
     """Reject inconsistent or impossible settings with a one-line message naming the fix. Options still at
@@ -100,8 +104,20 @@ def validate(cfg: Config) -> None:
     ):
         if getattr(run, name) < 0:
             raise ConfigError(f"--{name}={getattr(run, name)} must not be negative")
+    if 0 < run.hang_timeout_sec < MIN_HANG_TIMEOUT_SEC:
+        raise ConfigError(
+            f"--hang_timeout_sec={run.hang_timeout_sec:g} is within the workers' own pace (they report every second): "
+            f"healthy ones would be named hung; give 0 (off) or at least {MIN_HANG_TIMEOUT_SEC:g}"
+        )
+    if cfg.env.max_episode_steps < 0:
+        raise ConfigError(f"--max_episode_steps={cfg.env.max_episode_steps} must not be negative (0: the env's own)")
     if cfg.debug.chaos_kill_every_sec < 0:
         raise ConfigError(f"--chaos_kill_every_sec={cfg.debug.chaos_kill_every_sec} must not be negative")
+    if cfg.debug.chaos_kill_every_sec and not run.max_respawns:
+        raise ConfigError(
+            "--chaos_kill_every_sec kills workers for the run to respawn, and --max_respawns=0 turns respawning off: "
+            "give --max_respawns of 1 or more (chaos kills do not count against it)"
+        )
     if run.stop_at_success != math.inf and not 0 < run.stop_at_success <= 1:
         raise ConfigError(f"--stop_at_success={run.stop_at_success} is a success rate: give one in (0, 1], e.g. 0.8")
     if run.keep_checkpoints < 1 or run.stats_window < 1:
