@@ -21,6 +21,7 @@ written), 2 bad input.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import shutil
@@ -216,7 +217,7 @@ def record(cfg: Config, options: DemosOptions, stop: StopSignals | None = None) 
                     continue
                 reports.append(report)
                 print(_report_line(report), flush=True)
-        reports.sort(key=lambda r: r.task)
+        reports = merged_by_task(reports)
         shards = [Path(a[3]) for a in args]
         if not any(r.successes for r in reports):
             return None, reports
@@ -230,6 +231,21 @@ def record(cfg: Config, options: DemosOptions, stop: StopSignals | None = None) 
         return output, reports
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def merged_by_task(reports: list[TaskReport]) -> list[TaskReport]:
+    """One report a task, in task order: a single-task env's demos are recorded by several processes, one report
+    each."""
+    merged: dict[int, TaskReport] = {}
+    for report in sorted(reports, key=lambda r: r.task):
+        if (into := merged.get(report.task)) is None:
+            merged[report.task] = dataclasses.replace(report, failed_init_states=list(report.failed_init_states))
+            continue
+        into.successes += report.successes
+        into.attempts += report.attempts
+        into.steps += report.steps
+        into.failed_init_states += report.failed_init_states
+    return list(merged.values())
 
 
 def _report_line(report: TaskReport) -> str:

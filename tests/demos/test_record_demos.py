@@ -48,6 +48,17 @@ def test_reach_demos_are_successful_episodes_of_every_task_with_the_actions_take
 
 
 @pytest.mark.slow
+def test_a_single_task_env_recorded_by_two_processes_reports_its_task_once(tmp_path):
+    # Its demos are split over the processes, one report each: the file's report listed task 0 twice (10 + 10).
+    output = tmp_path / "reach.hdf5"
+    result = record(tmp_path, "--env=sparse_reach", "--demos_per_task=6", "--num_workers=2", f"--demos_output={output}")
+    assert result.returncode == 0, result.stderr
+    (task,) = json.loads(output.with_suffix(".json").read_text())["tasks"]
+    assert task["task"] == 0 and task["successes"] == len(read_demos(output).demos) == 6
+    assert task["attempts"] == task["successes"] + len(task["failed_init_states"])
+
+
+@pytest.mark.slow
 def test_failed_episodes_are_counted_and_left_out(tmp_path):
     # Five steps leave the expert one to spare (the goal is 4 full steps away), so noise makes it fail at times.
     output = tmp_path / "noisy.hdf5"
