@@ -420,6 +420,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError) as exc:
         print(f"sfengine.train: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C in the checks: an env whose first reset or step does not return, say
+        print(
+            "sfengine.train: interrupted before the run started (in its checks of the env and options)", file=sys.stderr
+        )
+        return 130
     if resume_state is not None:  # said once the checkpoint has been fitted: a refused resume resumes nothing
         print(f"resuming '{cfg.run.experiment}' from {list_checkpoints(cfg.experiment_dir)[-1]}", flush=True)
     if resume_state is not None and resume_state["env_steps"] >= cfg.run.train_for_env_steps:

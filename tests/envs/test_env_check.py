@@ -3,9 +3,11 @@ and one step of it are checked in the main process (sfengine.env.check)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -146,3 +148,51 @@ def test_a_step_of_the_old_gym_api_stops_the_run_before_it_starts(tmp_path):
         "truncation)"
     ]
     assert not (tmp_path / "old").exists()
+
+
+HANGING_ENV_SCRIPT = textwrap.dedent(
+    """
+    import pathlib
+    import sys
+    import time
+
+    import gymnasium as gym
+
+    from sfengine import register_env
+    from sfengine.train import main
+
+
+    class HangsInStep(gym.Wrapper):
+        def step(self, action):
+            pathlib.Path(sys.argv[-1].split("=", 1)[1], "in_step").touch()
+            time.sleep(1000)
+
+
+    def make_hanging(ctx):
+        return HangsInStep(gym.make("CartPole-v1"))
+
+
+    register_env("hanging", make_hanging)
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_ctrl_c_in_the_check_of_an_env_that_never_returns_is_one_line(tmp_path):
+    # The check plays one step in the main process: an env that never returns from it held the run there, and
+    # Ctrl-C gave a KeyboardInterrupt traceback.
+    script = tmp_path / "hanging.py"
+    script.write_text(HANGING_ENV_SCRIPT)
+    command = [sys.executable, str(script), "--env=hanging", "--experiment=hangs", f"--train_dir={tmp_path}"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (tmp_path / "in_step").exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err[-2000:]
+    assert err.strip().splitlines() == [
+        "sfengine.train: interrupted before the run started (in its checks of the env and options)"
+    ]
