@@ -187,7 +187,8 @@ def test_an_ibrl_run_saves_the_critics_it_chose_with_and_evaluates_by_them(reach
     shutil.copytree(train_dir / "ibrl", elsewhere / "ibrl")
     moved = evaluate(f"--train_dir={elsewhere}", "--experiment=ibrl", "--eval_episodes=2")
     assert moved.returncode == 0, moved.stderr[-2000:]
-    assert "not found; the base is this run's own copy" in moved.stderr and "success" in moved.stdout
+    assert moved.stderr.count("not found; the base is this run's own copy") == 1  # said once, not by each process
+    assert "success" in moved.stdout
     here, there = (
         parse_config([f"--train_dir={d}", "--experiment=ibrl", *RESIDUAL_REACH]) for d in (train_dir, elsewhere)
     )

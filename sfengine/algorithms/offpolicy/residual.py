@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import multiprocessing
 from collections.abc import Callable
 
 import torch
@@ -113,13 +114,19 @@ def base_copy_in_run(cfg: Config, source: str) -> tuple[dict, dict, str] | None:
     if not kept or kept["option"] != source:
         return None
     weights = {name[len("base.") :]: value for name, value in state["model"].items() if name.startswith("base.")}
-    log.warning(
-        "--residual_over=%s: not found; the base is this run's own copy in %s (first from %s)",
-        source,
-        checkpoints[-1],
-        kept["source"],
-    )
+    said = (source, str(checkpoints[-1]))
+    if multiprocessing.parent_process() is None and said not in COPIES_SAID:  # once: not by every component
+        COPIES_SAID.add(said)
+        log.warning(
+            "--residual_over=%s: not found; the base is this run's own copy in %s (first from %s)",
+            source,
+            checkpoints[-1],
+            kept["source"],
+        )
     return kept["config"], weights, kept["source"]
+
+
+COPIES_SAID: set[tuple[str, str]] = set()  # (option, checkpoint) whose copy of the base this process has named
 
 
 class ResidualPolicy:
