@@ -118,7 +118,9 @@ def read_failure(exc: BaseException) -> str:
     """Why torch could not read a file, in a few words. torch's own text for a file that is no checkpoint advises
     loading it with weights_only=False, which runs whatever the file holds: not repeated here."""
     text = str(exc).strip()
-    if "Weights only load failed" in text or "zip archive" in text or isinstance(exc, EOFError):
+    # (A file cut short inside its zip's entries fails a seek: EINVAL, not the zip reader's own message.)
+    cut = isinstance(exc, EOFError) or (isinstance(exc, OSError) and exc.errno == errno.EINVAL)
+    if "Weights only load failed" in text or "zip archive" in text or cut:
         return "not a checkpoint file: damaged, cut short, or never one"
     return text.splitlines()[0] if text else type(exc).__name__
 
