@@ -121,7 +121,7 @@ class Runner(Supervision, Reporting, Component):
         if self.respawner is not None:
             self.respawner.heard_from(f"rollout_worker_{report.worker}")
         self.stats.add_worker_report(report)
-        if (reason := self.stats.nonfinite_dominates()) is not None:
+        if (reason := self.stats.bad_steps_dominate()) is not None:
             self.request_stop(reason, exit_code=1)
         if report.inference is not None:
             self.stats.add_inference_report(report.inference)

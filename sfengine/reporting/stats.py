@@ -36,7 +36,7 @@ class EnvCost:
         return means
 
 
-NONFINITE_WINDOW_STEPS = 1000  # env steps over which the share of non-finite ones is judged
+BAD_WINDOW_STEPS = 1000  # env steps over which the share of non-finite or failed ones is judged
 
 
 class RunStats:
@@ -49,7 +49,7 @@ class RunStats:
         self.env_failures = 0
         self.nonfinite_env_steps = 0
         self.sampled_env_steps = 0  # env.step calls of this run's rollout workers, learned from or not
-        self.nonfinite_window = [0, 0]  # (non-finite steps, env steps) since the last check of their share
+        self.bad_window = [0, 0, 0]  # (non-finite steps, failed ones, env steps) since the last check of their share
         self.returns: deque[float] = deque(maxlen=stats_window)
         self.lengths: deque[int] = deque(maxlen=stats_window)
         self.successes: deque[float] = deque(maxlen=stats_window)
@@ -80,8 +80,9 @@ class RunStats:
         self.add_episodes(report.episodes)
         self.env_failures += report.env_failures
         self.nonfinite_env_steps += report.nonfinite_steps
-        self.nonfinite_window[0] += report.nonfinite_steps
-        self.nonfinite_window[1] += report.env_steps
+        self.bad_window[0] += report.nonfinite_steps
+        self.bad_window[1] += report.env_failures
+        self.bad_window[2] += report.env_steps
         self.sampled_env_steps += report.env_steps
         for cost in (self.env_cost, self.env_cost_total):
             cost.add(report)
@@ -196,19 +197,25 @@ class RunStats:
             return None
         return round((self.last_batch[1] - self.first_batch[1]) / (self.last_batch[0] - self.first_batch[0]), 1)
 
-    def nonfinite_dominates(self, at_least: int = NONFINITE_WINDOW_STEPS) -> str | None:
-        """Why the run should stop, once at least ``at_least`` env steps show more than half of them non-finite;
-        None otherwise (each window of that many steps is judged on its own)."""
-        nonfinite, steps = self.nonfinite_window
+    def bad_steps_dominate(self, at_least: int = BAD_WINDOW_STEPS) -> str | None:
+        """Why the run should stop, once at least ``at_least`` env steps show more than half of them non-finite, or
+        more than half of them failed (the env raised): it learns from none of them; None otherwise (each window of
+        that many steps is judged on its own)."""
+        nonfinite, failed, steps = self.bad_window
         if steps < at_least:
             return None
-        self.nonfinite_window = [0, 0]
-        if nonfinite <= steps / 2:
-            return None
-        return (
-            f"the env returned NaN or infinite observations or rewards in {nonfinite:,} of its last {steps:,} steps "
-            "(their episodes are not learned from): fix the env, or clean its values in a wrapper"
-        )
+        self.bad_window = [0, 0, 0]
+        if failed > steps / 2:
+            return (
+                f"the env raised in {failed:,} of its last {steps:,} steps (each time it was rebuilt and its episode "
+                "dropped; the first tracebacks are above): fix the env"
+            )
+        if nonfinite > steps / 2:
+            return (
+                f"the env returned NaN or infinite observations or rewards in {nonfinite:,} of its last {steps:,} "
+                "steps (their episodes are not learned from): fix the env, or clean its values in a wrapper"
+            )
+        return None
 
     def summary(self) -> dict:
         wall = time.time() - self.started

@@ -136,6 +136,7 @@ class ListSource(EpisodeSource):
 
 
 NONFINITE_LOGGED = 3  # lines an EnvGroup logs about non-finite values; the rest are counted
+FAILURES_LOGGED = 3  # tracebacks an EnvGroup logs of resets and steps that raised; the rest are counted
 
 
 def all_finite(obs) -> bool:
@@ -184,6 +185,7 @@ class EnvGroup:
         self.failures = self.steps_taken = self.resets = 0
         self.nonfinite = 0  # steps whose observation or reward was NaN or infinite (their episodes dropped)
         self.nonfinite_logged = 0
+        self.failures_logged = 0
         self.step_sec = self.reset_sec = 0.0
 
     def __len__(self) -> int:
@@ -203,8 +205,7 @@ class EnvGroup:
         try:
             obs, info = self.envs[i].reset(seed=start.seed, options=start.options)
         except Exception:  # noqa: BLE001  (a failed reset is handled like a failed step: rebuild once)
-            log.exception("%s: reset failed; rebuilding the env", self.describe(i))
-            self.failures += 1
+            self._count_failure(i, "reset failed; rebuilding the env")
             self._rebuild(i)
             obs, info = self.envs[i].reset(seed=start.seed, options=start.options)
         if start.video and self.output is not None:
@@ -316,10 +317,19 @@ class EnvGroup:
                 "" if self.nonfinite_logged < NONFINITE_LOGGED else " (further ones are counted, not logged)",
             )
 
+    def _count_failure(self, i: int, what: str) -> None:
+        """A reset or step that raised: counted, and logged with its traceback the first FAILURES_LOGGED times (an
+        env that raises at every step would otherwise print a traceback a step; the run stops on it, see
+        ``RunStats.bad_steps_dominate``)."""
+        self.failures += 1
+        self.failures_logged += 1
+        if self.failures_logged <= FAILURES_LOGGED:
+            further = " (further ones are counted, not logged)" if self.failures_logged == FAILURES_LOGGED else ""
+            log.exception("%s: %s%s", self.describe(i), what, further)
+
     def _replace_failed(self, i: int) -> dict | None:
         """Rebuild an env whose step raised, drop its episode from the statistics, and start the next."""
-        log.exception("%s: step failed; rebuilding the env and dropping its episode", self.describe(i))
-        self.failures += 1
+        self._count_failure(i, "step failed; rebuilding the env and dropping its episode")
         self.returns[i], self.lengths[i] = 0.0, 0
         self.videos.pop(i, None)
         self._rebuild(i)

@@ -398,9 +398,26 @@ USER_SCRIPT = textwrap.dedent(
         return FlakySimulator(gym.make("CartPole-v1"))
 
 
+    class BrokenSimulator(gym.Wrapper):
+        # Raises at every step but a process's first (the check's), as a simulator broken by an upgrade would.
+
+        steps = 0
+
+        def step(self, action):
+            BrokenSimulator.steps += 1
+            if BrokenSimulator.steps > 1:
+                raise RuntimeError("simulator broken")
+            return self.env.step(action)
+
+
+    def make_broken_cartpole(ctx):
+        return BrokenSimulator(gym.make("CartPole-v1"))
+
+
     register_env("short_pendulum", make_short_pendulum, options=ShortPendulumOptions)
     register_env("graded_toy", make_graded_toy)
     register_env("flaky_cartpole", make_flaky_cartpole)
+    register_env("broken_cartpole", make_broken_cartpole)
     register_env("lambda_env", lambda ctx: gym.make("CartPole-v1"))
 
     if __name__ == "__main__":
@@ -528,6 +545,27 @@ def test_an_env_that_raises_is_rebuilt_and_the_run_goes_on(tmp_path, train_dir):
     assert summary["env_failures"] > 10
     assert summary["episodes"] > 100  # the workers kept collecting
     assert "step failed; rebuilding the env" in result.stderr
+
+
+@pytest.mark.slow
+def test_an_env_that_raises_at_most_steps_stops_the_run_and_says_why(tmp_path, train_dir):
+    # It was rebuilt at every step, with a traceback each (75,000 in 20 s), and the run went on learning nothing
+    # to its end with exit 0.
+    script = tmp_path / "my_train.py"
+    script.write_text(USER_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), f"--train_dir={train_dir}", *FAST[1:], "--env=broken_cartpole"]
+        + ["--experiment=broken", "--train_for_env_steps=100000000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    summary = read_summary(train_dir, "broken")
+    assert summary["stop_reason"].startswith("the env raised in ") and "fix the env" in summary["stop_reason"]
+    # The first tracebacks of each of the 4 env groups (2 workers x 2 splits), then counts.
+    assert 4 <= result.stderr.count("Traceback") <= 3 * 4, result.stderr[-3000:]
+    assert "(further ones are counted, not logged)" in result.stderr
 
 
 @pytest.mark.slow
