@@ -529,16 +529,18 @@ def test_a_runner_killed_with_sigkill_takes_its_workers_along_and_leaves_nothing
     assert leaked_shm(shm_before) == set()
 
 
-@pytest.mark.slow
-def test_an_env_that_raises_is_rebuilt_and_the_run_goes_on(tmp_path, train_dir):
+def run_user_script(tmp_path, train_dir, *args: str) -> subprocess.CompletedProcess:
+    """USER_SCRIPT (its envs registered) with the FAST layout and these arguments."""
     script = tmp_path / "my_train.py"
     script.write_text(USER_SCRIPT)
-    result = subprocess.run(
-        [sys.executable, str(script), f"--train_dir={train_dir}", *FAST[1:], "--env=flaky_cartpole"]
-        + ["--experiment=flaky", "--train_for_env_steps=20000"],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    command = [sys.executable, str(script), f"--train_dir={train_dir}", *FAST[1:], *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_an_env_that_raises_is_rebuilt_and_the_run_goes_on(tmp_path, train_dir):
+    result = run_user_script(
+        tmp_path, train_dir, "--env=flaky_cartpole", "--experiment=flaky", "--train_for_env_steps=20000"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "flaky")
@@ -551,15 +553,8 @@ def test_an_env_that_raises_is_rebuilt_and_the_run_goes_on(tmp_path, train_dir):
 def test_an_env_that_raises_at_most_steps_stops_the_run_and_says_why(tmp_path, train_dir):
     # It was rebuilt at every step, with a traceback each (75,000 in 20 s), and the run went on learning nothing
     # to its end with exit 0.
-    script = tmp_path / "my_train.py"
-    script.write_text(USER_SCRIPT)
-    result = subprocess.run(
-        [sys.executable, str(script), f"--train_dir={train_dir}", *FAST[1:], "--env=broken_cartpole"]
-        + ["--experiment=broken", "--train_for_env_steps=100000000"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = ["--env=broken_cartpole", "--experiment=broken", "--train_for_env_steps=100000000"]
+    result = run_user_script(tmp_path, train_dir, *args)
     assert result.returncode == 1, result.stderr[-3000:]
     summary = read_summary(train_dir, "broken")
     assert summary["stop_reason"].startswith("the env raised in ") and "fix the env" in summary["stop_reason"]
