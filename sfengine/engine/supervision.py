@@ -242,6 +242,8 @@ class Supervision:
         and a holder comes first, then the longest silent. Respawning the frozen one frees the others; respawning
         one it silenced instead would drop that one's episodes and blame its env for nothing."""
         silent = self.hang_watch.silent(among, stopping)
+        if silent and self._learner_process_stopped():
+            return None  # the workers wait on it (a put into an inbox it holds): its own rule names it
         if silent and self.respawner is not None and self.respawner.enabled:
             names = {p.name.removesuffix("_process"): p for p in self.processes}
             watched = {names[name].pid: name for name in self.hang_watch.last_heard if name in names}
@@ -285,8 +287,7 @@ class Supervision:
         if stuck := self.hang_watch.learner_hung():
             return stuck
         timeout = self.cfg.run.hang_timeout_sec
-        learner = next((p for p in self.processes if p.name == "learner_process"), None)
-        if not timeout or learner is None or not learner.is_alive() or not process_stopped(learner.pid):
+        if not timeout or not self._learner_process_stopped():
             self.learner_stopped_since = None
             return None
         now = time.monotonic()
@@ -296,6 +297,11 @@ class Supervision:
         return (
             f"learner_process has been stopped (SIGSTOP, a debugger) for {now - since:.0f} s, over --hang_timeout_sec"
         )
+
+    def _learner_process_stopped(self) -> bool:
+        """Whether the learner's process is stopped outright (SIGSTOP, a debugger)."""
+        learner = next((p for p in self.processes if p.name == "learner_process"), None)
+        return learner is not None and learner.is_alive() and process_stopped(learner.pid)
 
     def _last_checkpoint(self) -> str:
         """Where a run whose learner ended goes on from: its last checkpoint, named."""
