@@ -109,7 +109,9 @@ def test_an_env_that_keeps_the_api_passes():
 
 BROKEN_ENV_SCRIPT = textwrap.dedent(
     """
+    import pathlib
     import sys
+    import time
 
     import gymnasium as gym
     import numpy as np
@@ -128,7 +130,18 @@ BROKEN_ENV_SCRIPT = textwrap.dedent(
         return OldGymCartPole(gym.make("CartPole-v1"))
 
 
+    class HangsInStep(gym.Wrapper):
+        def step(self, action):
+            pathlib.Path(sys.argv[-1].split("=", 1)[1], "in_step").touch()
+            time.sleep(1000)
+
+
+    def make_hanging(ctx):
+        return HangsInStep(gym.make("CartPole-v1"))
+
+
     register_env("old_gym_cartpole", make_old_gym_cartpole)
+    register_env("hanging", make_hanging)
 
     if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
@@ -150,41 +163,11 @@ def test_a_step_of_the_old_gym_api_stops_the_run_before_it_starts(tmp_path):
     assert not (tmp_path / "old").exists()
 
 
-HANGING_ENV_SCRIPT = textwrap.dedent(
-    """
-    import pathlib
-    import sys
-    import time
-
-    import gymnasium as gym
-
-    from sfengine import register_env
-    from sfengine.train import main
-
-
-    class HangsInStep(gym.Wrapper):
-        def step(self, action):
-            pathlib.Path(sys.argv[-1].split("=", 1)[1], "in_step").touch()
-            time.sleep(1000)
-
-
-    def make_hanging(ctx):
-        return HangsInStep(gym.make("CartPole-v1"))
-
-
-    register_env("hanging", make_hanging)
-
-    if __name__ == "__main__":
-        sys.exit(main(sys.argv[1:]))
-    """
-)
-
-
 def test_ctrl_c_in_the_check_of_an_env_that_never_returns_is_one_line(tmp_path):
     # The check plays one step in the main process: an env that never returns from it held the run there, and
     # Ctrl-C gave a KeyboardInterrupt traceback.
     script = tmp_path / "hanging.py"
-    script.write_text(HANGING_ENV_SCRIPT)
+    script.write_text(BROKEN_ENV_SCRIPT)
     command = [sys.executable, str(script), "--env=hanging", "--experiment=hangs", f"--train_dir={tmp_path}"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
