@@ -71,23 +71,34 @@ class Trainer:
         whose gradient is not finite (a NaN or infinite loss: say, a NaN observation or reward from the env) is
         skipped and counted in ``nonfinite_steps``, so one bad sample cannot turn every weight into NaN. Every rank
         sees the same averaged norm, so all skip together."""
-        grad_norm = self.clip_gradients()
-        finite = math.isfinite(grad_norm)
-        if finite:
-            self.optimizer.step()
-        if self.heartbeat is not None:
-            self.heartbeat()
-        self.sums["nonfinite_steps"] = self.sums.get("nonfinite_steps", 0.0) + (not finite)
-        return grad_norm if finite else 0.0
+        norm, skipped = torch.stack(self.apply_gradients_on_device()).tolist()  # one read-back
+        self.sums["nonfinite_steps"] = self.sums.get("nonfinite_steps", 0.0) + skipped
+        return norm
 
-    def clip_gradients(self) -> float:
-        max_norm = self.cfg.learner.max_grad_norm
+    def apply_gradients_on_device(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``apply_gradients`` with nothing read back from the model's device (a trainer that takes many steps a
+        round reads its statistics once): the norm (0 for a skipped step) and 1 for a skipped step, as tensors."""
+        self.group.average_gradients(self.model)
         # The optimiser's own list: walking the module tree for it every minibatch is a visible cost for a small MLP.
         # Parameters without a gradient (None) are skipped by the clip.
-        self.group.average_gradients(self.model)
         params = self.optimizer.param_groups[0]["params"]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
-        return float(norm)
+        result = clip_and_step(self.optimizer, params, self.cfg.learner.max_grad_norm)
+        if self.heartbeat is not None:
+            self.heartbeat()
+        return result
+
+
+def clip_and_step(optimizer: torch.optim.Optimizer, params, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip the gradients of ``params`` to the norm ``max_norm`` (0: no clip) and step ``optimizer`` (one of
+    ``adam``'s) unless their norm is not finite, without waiting for the device: the fused optimiser reads the
+    verdict there (its ``found_inf``, as under a gradient scaler) and leaves the weights, moments and step count
+    as they were (on a GPU a read-back waits for every kernel launched before it). The norm before the clip (0 for
+    a skipped step) and 1 for a skipped step, as 0-dim float32 tensors on the gradients' device."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf).float()
+    skipped = (~torch.isfinite(norm)).float()
+    optimizer.found_inf = skipped
+    optimizer.step()
+    return torch.where(skipped > 0, torch.zeros_like(norm), norm), skipped
 
 
 def adam(params, rate: float, cfg: Config) -> torch.optim.Adam:

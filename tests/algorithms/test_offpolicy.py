@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from helpers import read_summary, run_train, train_command
+from sfengine.algorithms.offpolicy import trainer as trainer_module
 from sfengine.algorithms.sac.actor import SquashedGaussianActor
 from sfengine.algorithms.sac.trainer import SACTrainer
 from sfengine.algorithms.td3.actor import DeterministicActor
@@ -470,6 +471,19 @@ def test_demonstrations_fill_the_asked_share_of_each_minibatch(tmp_path):
     assert not (without.sample().obs["obs"][:, 0] >= 1000).any()
 
 
+def test_a_rounds_minibatches_drawn_together_each_hold_their_share_of_demonstrations(tmp_path, monkeypatch):
+    # A round draws its minibatches several at a time (one gather, one copy to the device): each still has its
+    # demonstrations first, and as many as a minibatch drawn alone; the draws follow one another.
+    trainer = make_trainer(demos=pendulum_demos(tmp_path / "demos.hdf5"), demo_ratio=0.25)
+    trainer.train(batch(0), 0, 0)
+    monkeypatch.setattr(trainer_module, "ROUND_DRAW_BYTES", 3 * 32 * trainer.transition_bytes)  # 3 a draw
+    drawn = list(trainer.minibatches(7))
+    assert [len(b.actions) for b in drawn] == [32] * 7
+    for b in drawn:
+        assert (b.obs["obs"][:, 0] >= 1000).tolist() == [True] * 8 + [False] * 24
+    assert len({tuple(b.obs["obs"][8:, 0].tolist()) for b in drawn}) == 7  # each its own online draw
+
+
 def test_demonstrations_of_another_env_or_for_an_algorithm_that_ignores_them_are_one_line_errors(tmp_path, train_dir):
     demos = pendulum_demos(tmp_path / "demos.hdf5")
     for args, message in [
@@ -658,3 +672,25 @@ def test_the_actor_pays_for_its_distance_from_the_demonstrations_and_for_its_cor
     unit = trainer.model.unit_actions
     gap = (unit(actions[:8]) - unit(b.actions[:8])).pow(2).sum(-1).mean()  # the 8 demonstrations of the 32
     assert float(extra) == pytest.approx(0.4 * 3.0 * float(gap)) and stats["bc_distance"] == pytest.approx(float(gap))
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_a_gradient_step_on_a_nan_reward_is_skipped_on_the_device_and_counted(algo):
+    # The critics' and the actor's steps are skipped without a read-back (the fused Adam's found_inf): the weights,
+    # their moments and step counts stay as they were, and the round's statistics count the skipped critic steps.
+    trainer = make_trainer(algo, actor_delay=1)
+    trainer.train(batch(0), 0, 0)  # 32 finite steps
+    critics = [p.detach().clone() for p in trainer.critics.parameters()]
+    actor = [p.detach().clone() for p in trainer.model.parameters()]
+    steps = [state["step"].clone() for state in trainer.critic_optimizer.state.values()]
+    trainer.replay.rewards.fill_(float("nan"))
+    stats = trainer.train(batch(1), 0, 0)
+    assert stats["critic_nonfinite_fraction"] == 1.0 and stats["critic_grad_norm"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(critics, trainer.critics.parameters(), strict=True))
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(steps, (s["step"] for s in trainer.critic_optimizer.state.values())))
+    trainer.replay.rewards.fill_(0.5)
+    stats = trainer.train(batch(2), 0, 0)
+    assert stats["critic_nonfinite_fraction"] == 0.0 and stats["critic_grad_norm"] > 0
+    assert not all(torch.equal(a, b) for a, b in zip(critics, trainer.critics.parameters(), strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(actor, trainer.model.parameters(), strict=True))

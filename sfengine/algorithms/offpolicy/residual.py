@@ -186,7 +186,10 @@ class ResidualPolicy:
     def on_base(self, obs: dict[str, Tensor]) -> dict[str, Tensor]:
         if getattr(self, "base_device", None) is None:
             return obs
-        return {key: value.to(self.base_device, non_blocking=True) for key, value in obs.items()}
+        # Into CPU memory a non-blocking copy returns before its data is there, and the base on the CPU would read
+        # it at once: only a copy to a GPU, which its stream orders before the base's kernels, may return early.
+        early = self.base_device.type != "cpu"
+        return {key: value.to(self.base_device, non_blocking=early) for key, value in obs.items()}
 
     @staticmethod
     def residual_spec(action_spec: ActionSpec, scale: float) -> ActionSpec:

@@ -43,7 +43,7 @@ class SACTrainer(OffPolicyTrainer):
     def alpha(self) -> Tensor:
         return self.log_alpha.detach().exp()
 
-    def actor_step(self, b: NStep, features: Tensor) -> dict[str, float]:
+    def actor_step(self, b: NStep, features: Tensor) -> dict[str, Tensor]:
         params = self.model.policy_params(b.obs, features)
         actions, log_probs = self.model.sample(params)
         q = self.actor_q(features, actions)
@@ -51,7 +51,7 @@ class SACTrainer(OffPolicyTrainer):
         loss = (self.alpha * log_probs - q).mean() + extra
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = self.apply_gradients()
+        grad_norm = self.apply_gradients_on_device()[0]
         if self.options.learn_temperature:
             alpha_loss = -(self.log_alpha * (log_probs.detach() + self.target_entropy)).mean()
             self.alpha_optimizer.zero_grad(set_to_none=True)
@@ -60,8 +60,8 @@ class SACTrainer(OffPolicyTrainer):
                 self.log_alpha.grad.copy_(self.group.sum(self.log_alpha.grad.clone()) / self.group.ranks.world_size)
             self.alpha_optimizer.step()
         return stats | {
-            "actor_loss": float(loss.detach()),
-            "entropy": float(-log_probs.detach().mean()),
+            "actor_loss": loss.detach(),
+            "entropy": -log_probs.detach().mean(),
             "grad_norm": grad_norm,
         }
 

@@ -53,7 +53,7 @@ class TD3Trainer(OffPolicyTrainer):
             base = self.target_actor.split(params)[1]
             members = lambda q: subset_min(q, options.critic_subset, self.generator)  # noqa: E731
             value, take_base = self.target_actor.choose(next_features, smoothed, base, self.target_critics, members)[1:]
-            self.target_stats["target_base_share"] = float(take_base.float().mean())
+            self.target_stats["target_base_share"] = take_base.float().mean()
             return value
         next_q = self.target_critics(next_features, self.model.unit_actions(smoothed))
         return subset_min(next_q, options.critic_subset, self.generator)
@@ -67,19 +67,19 @@ class TD3Trainer(OffPolicyTrainer):
                     mine.copy_(theirs)
         return stats
 
-    def actor_step(self, b: NStep, features: Tensor) -> dict[str, float]:
+    def actor_step(self, b: NStep, features: Tensor) -> dict[str, Tensor]:
         params = self.model.policy_params(b.obs, features)
         actions = self.model.action(params)
         q = self.actor_q(features, actions)
         extra, stats = self.actor_terms(b, params, actions, q)
         u = self.model.pre_squash(params)
-        stats["actor_saturated"] = float((u.detach().abs() > SATURATED).float().mean())
+        stats["actor_saturated"] = (u.detach().abs() > SATURATED).float().mean()
         if self.options.squash_penalty > 0:
             extra = extra + self.options.squash_penalty * u.pow(2).mean()
         loss = -q.mean() + extra
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        return stats | {"actor_loss": float(loss.detach()), "grad_norm": self.apply_gradients()}
+        return stats | {"actor_loss": loss.detach(), "grad_norm": self.apply_gradients_on_device()[0]}
 
     def after_actor_step(self) -> None:
         soft_update_(self.target_actor, self.model, self.options.tau)
