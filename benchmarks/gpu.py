@@ -17,7 +17,8 @@ Sections, in this order (``--sections`` picks some); each writes its results to 
   on the CPU (1 and 4 learner threads) and on CUDA: the step that bounds a replay run's env steps per second.
   Twice: one step alone (its statistics read back, as a latency), and a step within a learner's round
   (``train``: 128 new env steps into the replay, then 64 gradient steps at a replay ratio of 0.5, the round's
-  statistics read once), as a replay run takes them.
+  statistics read once), as a replay run takes them. On CUDA also with ``--cuda_graphs`` (2 critics: the graphs
+  need the target's subset to be the whole ensemble).
 - ``inference``: observations per second of ``ActorCritic.act`` per batch size, as an inference worker calls it
   (observations from CPU memory, actions back to it), on one CPU thread and on CUDA, float32 and bfloat16 (CNN).
 - ``publish``: the time from the learner's publish of new weights (``SharedWeights.publish``, from the learner's
@@ -199,16 +200,24 @@ def offpolicy_rows() -> list[dict]:
             # A round as a replay run's learner takes it: the new data in, then --replay_ratio x its env steps of
             # gradient steps (0.5 x 128, the LIBERO residual's ratio), its statistics read once at the end.
             round_batch = random_batch(ROUND_STEPS * 2 // 32, STATE, actions)
-            cpu = [("cpu", 1), ("cpu", 4)] if "cpu" in devices() else []
-            for device, threads in cpu + [("cuda", 1)] * ("cuda" in devices()):
+            variants = [("cpu", 1, False), ("cpu", 4, False)] if "cpu" in devices() else []
+            if "cuda" in devices():
+                variants.append(("cuda", 1, False))
+                # --cuda_graphs (a tree that has it), where the target's subset is the whole ensemble
+                if hasattr(cfg.algorithm_options, "cuda_graphs") and critics == cfg.algorithm_options.critic_subset:
+                    variants.append(("cuda", 1, True))
+            for device, threads, graphs in variants:
                 set_cpu_threads(threads)
                 torch.manual_seed(0)
+                if graphs or hasattr(cfg.algorithm_options, "cuda_graphs"):
+                    cfg.set("cuda_graphs", graphs)
                 cfg.set("replay_ratio", 1 / 2048)
                 trainer = algorithm.trainer(algorithm.model(cfg, STATE, actions).to(device), cfg)
                 # The learner hands the trainer each batch on its device (LearnerWorker: ``batch.to(device)``).
                 move = (lambda b, device=device: b.to(device)) if device != "cpu" else (lambda b: b)
                 trainer.train(move(batch), 0, 0)
-                ms = median_ms(lambda trainer=trainer: trainer.step(), device, warmup=5, repeats=50, budget_s=3)
+                # (10 warm-up steps: with graphs, each kind's eager steps and its recording come first)
+                ms = median_ms(lambda trainer=trainer: trainer.step(), device, warmup=10, repeats=50, budget_s=3)
                 cfg.set("replay_ratio", 0.5)
                 ms_round = median_ms(
                     lambda trainer=trainer, move=move, b=round_batch: trainer.train(move(b), 0, 0),
@@ -223,6 +232,7 @@ def offpolicy_rows() -> list[dict]:
                         "critics": critics,
                         "device": device,
                         "threads": threads if device == "cpu" else None,
+                        "cuda_graphs": graphs,
                         "ms_per_step": round(ms, 3),
                         "ms_per_step_in_round": round(ms_round / ROUND_STEPS, 3),
                     }
@@ -382,6 +392,7 @@ def markdown(results: dict) -> str:
         ]
         for r in sections["offpolicy"]:
             device = f"{r['device']} ({r['threads']} threads)" if r["threads"] else r["device"]
+            device += ", CUDA graphs" if r.get("cuda_graphs") else ""
             in_round = r.get("ms_per_step_in_round") or r["ms_per_step"]
             lines.append(
                 f"| {r['algo']} | {r['critics']} | {device} | {r['ms_per_step']} | {in_round} | {1000 / in_round:.0f} |"

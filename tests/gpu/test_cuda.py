@@ -149,3 +149,51 @@ def test_a_residual_on_cuda_over_a_base_kept_on_the_cpu_corrects_a_weak_clone(tm
     evaluated = evaluate(f"--train_dir={train_dir}", "--experiment=residual", "--eval_episodes=20", "--num_workers=1")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert eval_results(train_dir, "residual")["overall"]["success_rate"] >= 0.8
+
+
+def test_a_gradient_step_recorded_as_cuda_graphs_takes_the_eager_steps_values():
+    # Two TD3 trainers alike (the same weights, replay and draws); one records its step as CUDA graphs
+    # (--cuda_graphs). With no target noise a step draws nothing on the GPU, so after 20 gradient steps (each kind's
+    # 3 eager steps, its recording, then replays) both hold the same critics and actor.
+    from sfengine.algorithms import algorithm_for
+    from sfengine.config import parse_config
+    from sfengine.engine.buffers import TrajectoryBuffers
+    from sfengine.env.spaces import ActionSpec, ObsSpec
+
+    obs_spec = ObsSpec({"obs": (11,)}, {"obs": torch.float32})
+    actions = ActionSpec(discrete=False, dim=3, low=(-1.0,) * 3, high=(1.0,) * 3)
+    batch = TrajectoryBuffers.allocate(4, 8, obs_spec, actions, shared=False, final_obs=True)
+    generator = torch.Generator().manual_seed(0)
+    batch.obs["obs"][:] = torch.randn(batch.obs["obs"].shape, generator=generator)
+    batch.actions[:] = torch.rand(batch.actions.shape, generator=generator) * 2 - 1
+    batch.rewards[:] = torch.randn(batch.rewards.shape, generator=generator)
+    batch.terminated[:, 5] = True
+    batch.chunk_steps[:] = 1
+    trainers = []
+    for graphs in (False, True):
+        cfg = parse_config(["--algo=td3", "--env=Pendulum-v1", "--rollout=8", "--batch_size=64", "--device=cuda"])
+        cfg.set("cuda_graphs", graphs)
+        cfg.set("target_noise", 0.0)
+        cfg.set("learning_starts", 0)
+        cfg.set("replay_ratio", 20 / 32)  # the batch's 32 env steps owe 20 gradient steps
+        algorithm = algorithm_for(cfg)
+        torch.manual_seed(0)
+        trainer = algorithm.trainer(algorithm.model(cfg, obs_spec, actions).to("cuda"), cfg)
+        stats = trainer.train(batch.to(torch.device("cuda")), 0, 0)
+        assert stats["gradient_steps"] == 20
+        trainers.append((trainer, stats))
+    (eager, eager_stats), (graphed, graphed_stats) = trainers
+    assert graphed.graphed is not None and set(graphed.graphed.graphs) == {False, True}  # both kinds recorded
+    for mine, theirs in ((eager.critics, graphed.critics), (eager.model, graphed.model)):
+        for a, b in zip(mine.parameters(), theirs.parameters(), strict=True):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert abs(eager_stats["critic_loss"] - graphed_stats["critic_loss"]) <= 1e-4 * max(1, eager_stats["critic_loss"])
+
+
+def test_sac_with_its_step_as_cuda_graphs_learns_sparse_reach(train_dir):
+    # The SAC CPU test's threshold, 0.9 success within 100k env steps, with the gradient step replayed from graphs.
+    args = ["--algo=sac", "--env=sparse_reach", "--device=cuda", "--cuda_graphs=true", "--stop_at_success=0.9"]
+    result = run_train(train_dir, "sac_graphs", *args, "--train_for_env_steps=100000")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stays as it is" not in result.stdout + result.stderr  # the step was recorded
+    assert reached_target(read_summary(train_dir, "sac_graphs"), "stop_at_success=0.9")

@@ -118,6 +118,12 @@ class OffPolicyOptions:
         "demonstrated one on the minibatch's demonstrations (TD3+BC's term; its alpha of 2.5 is 0.4 here); unset, "
         "a run with both --residual_over and --demos takes 0.4",
     )
+    cuda_graphs: bool = option(
+        False,
+        "with --device=cuda, record the gradient step once as CUDA graphs and replay it (one launch a step instead "
+        "of about a thousand); one rank, vector observations, a constant rate, the critics' whole ensemble in the "
+        "target; a run that cannot says why at start. Not yet measured on a GPU: off by default",
+    )
     save_replay: bool = option(
         False,
         "keep the replay in each checkpoint (its size in memory again on disk), so a resumed run goes on with it; "

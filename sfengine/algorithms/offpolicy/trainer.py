@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from sfengine.algorithms.offpolicy import graphs
 from sfengine.algorithms.offpolicy.critics import CriticEnsemble, soft_update_
 from sfengine.algorithms.offpolicy.replay import NStep, Replay
 from sfengine.algorithms.offpolicy.residual import base_copy, base_identity
@@ -94,6 +95,7 @@ class OffPolicyTrainer(Trainer):
         self.env_steps_seen = 0
         self.learning_from = -1  # env_steps_seen when the first gradient step was owed (-1: not yet)
         self.target_stats: dict[str, Tensor] = {}  # what target_value reports of the step it is part of
+        self.graphed: graphs.GraphedUpdate | None = None  # --cuda_graphs, where the run can (use_cuda_graphs)
         self.start_checked = False
 
     # ---------------------------------------------------------------- what a subclass writes
@@ -125,6 +127,8 @@ class OffPolicyTrainer(Trainer):
             self.start_checked = True
             if (warning := self.no_learning_warning()) and self.group.ranks.rank == 0:
                 log.warning(warning)
+            if self.options.cuda_graphs:
+                self.use_cuda_graphs()
         if self.demos is not None and self.env_steps_seen == 0:
             # The demonstrations' observations count in the input statistics from the start (once: not on resume).
             rows, t = self.demos.starts // self.demos.horizon, self.demos.starts % self.demos.horizon
@@ -232,15 +236,39 @@ class OffPolicyTrainer(Trainer):
         actor, then the targets; its statistics, as tensors on the learner's device where they are computed there
         (``train`` reads a round's at once)."""
         minibatch = self.sample() if minibatch is None else minibatch
-        stats, features = self.critic_step(minibatch)
         self.critic_steps += 1
         warm = self.critic_steps > self.options.critic_warmup_updates
-        if warm and self.critic_steps % self.options.actor_delay == 0:
+        with_actor = warm and self.critic_steps % self.options.actor_delay == 0
+        if with_actor:
             self.set_learning_rate(self.env_steps_seen)
-            stats |= self.actor_step(minibatch, features.detach()) | {"actor_steps": 1.0}
+        stats = (self.graphed or self.update)(minibatch, with_actor)
+        return stats | {"actor_steps": 1.0} if with_actor else stats
+
+    def update(self, b: NStep, with_actor: bool) -> dict[str, Tensor]:
+        """The arithmetic of a gradient step on ``b``: what a CUDA graph records (``graphs``)."""
+        stats, features = self.critic_step(b)
+        if with_actor:
+            stats |= self.actor_step(b, features.detach())
             self.after_actor_step()
         soft_update_(self.target_critics, self.critics, self.options.tau)
         return stats
+
+    def use_cuda_graphs(self) -> None:
+        """--cuda_graphs: replay the gradient step from CUDA graphs (``graphs``), its optimisers made capturable;
+        a run that cannot says why (``graphs.blocker``) and takes its steps as they are."""
+        why = graphs.blocker(self.cfg, self.model, self.device, self.group.ranks.world_size)
+        if why is not None:
+            if self.group.ranks.rank == 0:
+                log.warning("--cuda_graphs: the gradient step stays as it is: %s", why)
+            return
+        for optimizer in self.optimizers():
+            for group in optimizer.param_groups:
+                group["capturable"] = True
+        self.graphed = graphs.GraphedUpdate(self.update)
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Every optimiser a gradient step steps."""
+        return [self.critic_optimizer, self.optimizer]
 
     def after_actor_step(self) -> None:
         """What follows the actor's step (TD3: its target actor's update)."""

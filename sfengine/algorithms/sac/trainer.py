@@ -65,6 +65,9 @@ class SACTrainer(OffPolicyTrainer):
             "grad_norm": grad_norm,
         }
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [*super().optimizers(), self.alpha_optimizer]
+
     def round_stats(self) -> dict[str, float]:
         return {"temperature": float(self.alpha)}
 
