@@ -278,7 +278,7 @@ class OffPolicyTrainer(Trainer):
         draw one gather from the replay and one copy to the device. Drawn one at a time, a minibatch's gather was
         about 600 small operations of a residual TD3 step's 1,500 on LIBERO's state (profiled on the CPU): on a GPU
         the learner's one thread spends most of a step issuing operations. The replay does not change within a
-        round, so the minibatches are those that draws of one at a time would give."""
+        round, so drawing its minibatches together changes none of their distributions."""
         size = self.cfg.learner.batch_size
         per_draw = max(1, min(steps, ROUND_DRAW_BYTES // (size * self.transition_bytes)))
         for first in range(0, steps, per_draw):
