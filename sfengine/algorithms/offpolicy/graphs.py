@@ -1,9 +1,10 @@
 """The off-policy gradient step as CUDA graphs (``--cuda_graphs``): recorded once, then replayed as one launch.
 
-A step of small networks (two 256-256 critics, minibatches of 256) is a few hundred microseconds of GPU work issued
-as about a thousand operations, one by one, from the learner's one Python thread: on an H200 the LIBERO residual
-recipe's step took about 9.5 ms, and its learner, not its 16 cores of simulators, set the pace (benchmarks/README.md,
-"On a GPU machine"). A CUDA graph records the step's kernels once and replays them with one call.
+A step of small networks (two 256-256 critics, minibatches of 256) is about a thousand operations issued one by
+one from the learner's one Python thread: on an H200 the LIBERO residual recipe's step took about 9.5 ms, and its
+learner, not its 16 cores of simulators, set the pace (benchmarks/README.md, "On a GPU machine"); issuing them is
+the likely bound, not yet profiled there. A CUDA graph records the step's kernels once and replays them with one
+call.
 
     minibatch (drawn on the CPU, copied to the GPU) --copy_--> static inputs --graph.replay()--> static statistics
                                                                   the critics' step [, the actor's], the targets'
@@ -25,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sfengine.algorithms.offpolicy.replay import NStep
+from sfengine.algorithms.offpolicy.replay import NStep, each_tensor
 
 WARMUP_STEPS = 3  # eager steps of each kind before it is recorded
 
@@ -73,7 +74,7 @@ class GraphedUpdate:
             self.eager_steps[with_actor] += 1
             return self.on_side_stream(minibatch, with_actor)
         if self.static is None:
-            self.static = NStep(*(clone(field) for field in minibatch))
+            self.static = each_tensor(minibatch, torch.clone)
         copy_into(self.static, minibatch)
         torch.cuda.current_stream().wait_stream(self.side)
         graph = torch.cuda.CUDAGraph()
@@ -89,12 +90,6 @@ class GraphedUpdate:
             stats = self.update(minibatch, with_actor)
         torch.cuda.current_stream().wait_stream(self.side)
         return stats
-
-
-def clone(field: Tensor | dict[str, Tensor]) -> Tensor | dict[str, Tensor]:
-    if isinstance(field, dict):
-        return {key: value.clone() for key, value in field.items()}
-    return field.clone()
 
 
 def copy_into(static: NStep, minibatch: NStep) -> None:

@@ -54,6 +54,16 @@ class NStep(NamedTuple):
     steps: Tensor  # env steps to the bootstrap: 1..n (with chunks of K: up to n x K)
 
 
+def each_tensor(minibatch: NStep, fn) -> NStep:
+    """``minibatch`` with ``fn`` applied to each of its tensors (those of its observation dicts too)."""
+    return NStep(
+        *(
+            {key: fn(value) for key, value in field.items()} if isinstance(field, dict) else fn(field)
+            for field in minibatch
+        )
+    )
+
+
 def bytes_per_step(obs_spec: ObsSpec, action_spec: ActionSpec) -> int:
     """Memory a stored env step takes: its observation twice without images (the entry's and a truncation's final
     one), at most 1.1875 times with them (the rows' bootstrap entries and two final slots a row, at rollouts of 16

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from sfengine.algorithms.offpolicy import graphs
 from sfengine.algorithms.offpolicy.critics import CriticEnsemble, soft_update_
-from sfengine.algorithms.offpolicy.replay import NStep, Replay
+from sfengine.algorithms.offpolicy.replay import NStep, Replay, each_tensor
 from sfengine.algorithms.offpolicy.residual import base_copy, base_identity
 from sfengine.config import Config
 from sfengine.demos.fit import read_run_demos
@@ -285,7 +285,7 @@ class OffPolicyTrainer(Trainer):
             count = min(per_draw, steps - first)
             drawn = self.sample(count)
             for k in range(count):
-                yield NStep(*(rows_of(field, k * size, (k + 1) * size) for field in drawn))
+                yield each_tensor(drawn, lambda t, k=k: t[k * size : (k + 1) * size])
 
     def sample(self, minibatches: int = 1) -> NStep:
         """``minibatches`` minibatches of --batch_size transitions one after the other: --demo_ratio of each from
@@ -297,7 +297,7 @@ class OffPolicyTrainer(Trainer):
             demos = self.demos.sample(self.demo_samples * minibatches, n, gamma, self.generator)
             sampled = interleave(demos, sampled, minibatches)
         if self.device.type != "cpu":
-            sampled = NStep(*(to_device(field, self.device) for field in sampled))
+            sampled = each_tensor(sampled, lambda t: t.to(self.device, non_blocking=True))
         if self.image_shift:
             shift = lambda obs: {  # noqa: E731
                 key: random_shift(value, self.image_shift[key], self.generator) if key in self.image_shift else value
@@ -424,12 +424,6 @@ def read_back(sums: dict[str, Tensor | float]) -> dict[str, float]:
     return floats | dict(zip(held, values, strict=True))
 
 
-def to_device(field, device: torch.device):
-    if isinstance(field, dict):
-        return {key: value.to(device, non_blocking=True) for key, value in field.items()}
-    return field.to(device, non_blocking=True)
-
-
 def interleave(first: NStep, second: NStep, minibatches: int) -> NStep:
     """``minibatches`` minibatches of each of ``first`` and ``second`` (one after the other in each) as
     ``minibatches`` minibatches of both, ``first``'s transitions first in each."""
@@ -443,9 +437,3 @@ def interleave(first: NStep, second: NStep, minibatches: int) -> NStep:
             for a, b in zip(first, second, strict=True)
         )
     )
-
-
-def rows_of(field: Tensor | dict[str, Tensor], start: int, end: int) -> Tensor | dict[str, Tensor]:
-    if isinstance(field, dict):
-        return {key: value[start:end] for key, value in field.items()}
-    return field[start:end]
