@@ -53,7 +53,7 @@ from sfengine.engine.distributed import RankInfo
 from sfengine.engine.event_loop import end_process_now, start_command
 from sfengine.engine.fork_server import component_context
 from sfengine.engine.sizing import SAMPLER_LAYOUT, Machine, env_step_seconds, resolve_auto_options
-from sfengine.env.check import EnvAPIError, check_env_api, first_line
+from sfengine.env.check import EnvAPIError, EnvHang, check_env_api, first_line, time_limit
 from sfengine.env.multitask import TaskInfo, selected_init_states, task_info
 from sfengine.env.registry import EnvFactory, env_context, env_sizer, resolve_env_factory
 from sfengine.env.spaces import ActionSpec, ObsSpec, UnsupportedSpaceError, action_spec_from_space, obs_spec_from_space
@@ -128,11 +128,35 @@ def probe_env(
 ) -> tuple[ObsSpec, ActionSpec, TaskInfo | None]:
     """Build one env in this process to learn its spaces (and tasks, for a multi-task env), reset it and play one
     step to check it keeps gymnasium's API and its spaces (sfengine.env.check), then close it. ``checked(env,
-    reset_options)`` is called with the env once it has passed (train times its step there)."""
+    reset_options)`` is called with the env once it has passed (train times its step there). Each of these must
+    return within --startup_timeout_sec."""
+    limit = cfg.run.startup_timeout_sec
+    stage = "its factory"
     try:
-        env = factory(env_context(cfg, -1, 0, cfg.env.seed))
+        with time_limit(limit):
+            env = factory(env_context(cfg, -1, 0, cfg.env.seed))
+            stage = "its first reset and step (the start's check of the env)"
+            spaces = check_probed_env(cfg, env, checked)
+            stage = "close()"
+            closed = close_env(env)
+    except EnvHang:
+        raise ConfigError(
+            f"env '{cfg.env.env}': {stage} did not return within {limit:g} s (--startup_timeout_sec; the stack it "
+            "was in is above): fix the hang, or raise --startup_timeout_sec if the env takes that long"
+        ) from None
     except Exception as exc:  # noqa: BLE001  (any failure here is a failure to build the user's env)
+        if stage != "its factory":
+            raise
         raise ConfigError(f"env '{cfg.env.env}' could not be created: {type(exc).__name__}: {exc}") from None
+    if closed is not None:  # (after the checks' own error, which says more, where there was one)
+        raise ConfigError(f"env '{cfg.env.env}': close() raised {closed}; the workers close their envs too")
+    return spaces
+
+
+def check_probed_env(
+    cfg: Config, env, checked: Callable[[Any, dict | None], None] | None
+) -> tuple[ObsSpec, ActionSpec, TaskInfo | None]:
+    """``probe_env``'s checks of a built env: its spaces, one reset and one step; closed where one fails."""
     if not (hasattr(env, "action_space") and hasattr(env, "observation_space")):
         raise ConfigError(
             f"env '{cfg.env.env}': its factory returned {type(env).__name__}, not an env with an action_space and an "
@@ -153,11 +177,8 @@ def probe_env(
         if checked is not None:
             checked(env, first)
     except (UnsupportedSpaceError, EnvAPIError) as exc:
+        close_env(env)
         raise ConfigError(f"env '{cfg.env.env}': {exc}") from None
-    finally:
-        closed = close_env(env)
-    if closed is not None:  # (after the checks' own error, which says more, where there was one)
-        raise ConfigError(f"env '{cfg.env.env}': close() raised {closed}; the workers close their envs too")
     return obs_spec, action_spec, tasks
 
 

@@ -91,6 +91,8 @@ class Config:
     env_options: dict[str, Any] = field(default_factory=dict)
     # The options some layer set (the env's preset, a saved run, --cfg, the command line); the rest are defaults.
     chosen: set[str] = field(default_factory=set)
+    # The options this command's --cfg or command line set (a resumed run's saved ones not among them).
+    asked: set[str] = field(default_factory=set)
 
     def options_group(self, group: str) -> Any:
         """The options of an engine group (``"sampler"``) or of a declared env or algorithm group (``"libero"``,

@@ -189,7 +189,7 @@ class RunConfig:
         600.0,
         "a rollout or inference worker still in its start-up (building its envs or model) this long, or 3x the "
         "longest start-up so far if longer, is hung: print its stack and respawn it; a learner still in its start-up "
-        "this long stops the run (0: off)",
+        "this long stops the run, as does the start's check of one env in the main process (0: off)",
     )
     max_respawns: int = option(
         3,

@@ -144,6 +144,7 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
         (load_preset(namespace.cfg) if namespace.cfg else {}, f"--cfg={namespace.cfg}"),
         (cli, "the command line"),
     ]
+    asked_from = {source for _, source in layers}
     cfg = _layered(layers)
     saved = cfg.experiment_dir / "config.json"
     env_defaults = None
@@ -172,6 +173,7 @@ def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser 
     chosen = [layer for layer in layers if env_defaults is None or layer[1] != str(env_defaults)]
     cfg = _layered(layers)
     cfg.chosen = {name for overrides, _ in layers for name in overrides}
+    cfg.asked = {name for overrides, source in layers if source in asked_from for name in overrides}
     table, own_groups = option_table(), cfg.own_groups()
     for overrides, source in given:
         for name in overrides:

@@ -121,7 +121,7 @@ class Runner(Supervision, Reporting, Component):
         if self.respawner is not None:
             self.respawner.heard_from(f"rollout_worker_{report.worker}")
         self.stats.add_worker_report(report)
-        if (reason := self.stats.bad_steps_dominate()) is not None:
+        if (reason := self.stats.env_health.dominate()) is not None:
             self.request_stop(reason, exit_code=1)
         if report.inference is not None:
             self.stats.add_inference_report(report.inference)
@@ -159,7 +159,8 @@ class Runner(Supervision, Reporting, Component):
             self._stop_every_rank(reached)  # rank 0 alone sees every rank's episodes
 
     def on_component_failed(self, reason: str) -> None:
-        """A component that cannot go on but whose process still runs (the batcher's thread)."""
+        """A component that cannot go on but whose process still runs: the batcher's thread, a rollout worker whose
+        env broke its observation_space."""
         log.error("%s; stopping the run", reason)
         self.request_stop(reason, exit_code=1)
 

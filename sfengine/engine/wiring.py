@@ -63,6 +63,7 @@ def connect_components(runner: Runner, c: Components) -> None:
         c.batcher.connect(buffers_released_signal(w), worker.on_buffers_released)
         c.learner.policy_updated.connect(worker.on_policy_updated)
         worker.report.connect(runner.on_worker_report)
+        worker.failed.connect(runner.on_component_failed)
     for inference in c.inference_workers:
         inference.report.connect(runner.on_inference_report)
     c.batcher.training_batch_ready.connect(c.learner.on_training_batch)

@@ -9,7 +9,14 @@ space) or a dead process named without the cause (a ``reset`` that raises).
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import numbers
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -18,6 +25,40 @@ from sfengine.env.spaces import DEFAULT_OBS_KEY, ObsSpec, obs_as_dict
 
 class EnvAPIError(ValueError):
     """The env broke gymnasium's API or its own spaces; the message is one line that names the fix."""
+
+
+class EnvHang(BaseException):
+    """The env did not return from a call within the time limit (``time_limit``): a BaseException, so that an env's
+    own ``except Exception`` does not swallow it."""
+
+
+HARD_LIMIT_GRACE_SEC = 60  # past the limit, a hang in native code that never returns to Python ends the process
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise EnvHang where the block is if it lasts over ``seconds`` (0: no limit), after printing the stack it was
+    in: an env that hangs in the start's check stops the command with its stack instead of holding it forever. A
+    hang in native code that never returns to Python ends the process HARD_LIMIT_GRACE_SEC later with every thread's
+    stack (faulthandler, exit code 1). Only in the main thread (SIGALRM); elsewhere, no limit."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum, frame):
+        traceback.print_stack(frame, file=sys.stderr)
+        raise EnvHang
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    with contextlib.suppress(AttributeError, ValueError, OSError):  # (a standard error without a file: no dump)
+        faulthandler.dump_traceback_later(seconds + HARD_LIMIT_GRACE_SEC, exit=True, file=sys.__stderr__)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.cancel_dump_traceback_later()
+        signal.signal(signal.SIGALRM, previous)
 
 
 def check_env_api(env, obs_spec: ObsSpec, seed: int, options: dict | None) -> None:

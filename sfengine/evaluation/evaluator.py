@@ -47,6 +47,7 @@ from sfengine.evaluation.video import EvalOutput
 from sfengine.inference.inference_worker import InferenceWorker, connect_inference
 from sfengine.inference.policy_actor import own_policy
 from sfengine.models.actor_critic import ActorCritic
+from sfengine.reporting.stats import EnvHealth
 from sfengine.tasks.seeding import evaluation_component_seed
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class EvalRunner(Component):
         self.episodes: list[EpisodeStats] = []
         self.reported: set[int] = set()  # the queue positions of the episodes in ``episodes``
         self.repeats = 0  # episodes reported twice (played again after their worker died), counted once
+        self.env_health = EnvHealth()  # an env that raises at most steps stops the evaluation, as it stops training
         self.finished_workers: set[int] = set()
         self.processes: list[EngineProcess] = []
         self.error: str | None = None
@@ -98,6 +100,9 @@ class EvalRunner(Component):
             self.hang_watch.heard_from(component)
         if self.respawner is not None:
             self.respawner.heard_from(component)
+        self.env_health.add(report)
+        if not self.stopping_since and (reason := self.env_health.dominate()) is not None:
+            self._stop_all(reason)
         for episode in report.episodes:
             if episode.position in self.reported:
                 self.repeats += 1
@@ -108,6 +113,11 @@ class EvalRunner(Component):
             self.finished_workers.add(report.worker)
             if self.hang_watch is not None:
                 self.hang_watch.last_heard.pop(component, None)  # idle from now on
+
+    def on_component_failed(self, reason: str) -> None:
+        """A rollout worker whose env broke its spaces: the evaluation cannot go on."""
+        if not self.stopping_since:
+            self._stop_all(reason)
 
     def on_inference_report(self, report) -> None:
         if self.respawner is not None:
@@ -245,6 +255,7 @@ def connect_evaluation(runner: EvalRunner, workers: list, inference_workers: lis
     connect_inference(workers, inference_workers)
     for worker in workers:
         worker.report.connect(runner.on_worker_report)
+        worker.failed.connect(runner.on_component_failed)
         runner.inference_respawned.connect(worker.on_inference_respawned)
     for inference in inference_workers:
         inference.report.connect(runner.on_inference_report)
@@ -265,9 +276,9 @@ def run_evaluation(
     leads: bool = True,
     progress: Callable[[list[EpisodeStats]], None] | None = None,
 ) -> tuple[list[EpisodeStats], str | None]:
-    """Run ``episodes`` with ``model``'s policy; return the finished episodes and the error that cut the
-    evaluation short (None when every episode ran). ``progress`` is given the episodes so far at each progress line
-    that has new ones."""
+    """Run ``episodes`` with ``model``'s policy; return the finished episodes and why some are missing: the error
+    that cut the evaluation short, or the env's failures that dropped episodes (None when every episode ran).
+    ``progress`` is given the episodes so far at each progress line that has new ones."""
     from sfengine.rollout.rollout_worker import RolloutWorker
 
     # Every episode is played with the one policy as soon as an env is free: never wait for a learner.
@@ -323,4 +334,6 @@ def run_evaluation(
             respawns,
             runner.repeats,
         )
+    if runner.error is None and len(runner.episodes) < len(episodes) and (dropped := runner.env_health.dropped()):
+        return runner.episodes, f"{len(runner.episodes)} episodes finished of {len(episodes)}: {dropped}"
     return runner.episodes, runner.error

@@ -53,8 +53,8 @@ class Reporting:
             + f" (10/60/300s)  return {ret if ret is None else round(ret, 2)}"
             + (f"  success {summary['success_rate']:.2f}" if "success_rate" in summary else "")
             + f"  lag {learner.get('policy_lag_mean', float('nan')):.1f}"
-            + (f"  env failures {stats.env_failures}" if stats.env_failures else "")
-            + (f"  non-finite env steps {stats.nonfinite_env_steps:,}" if stats.nonfinite_env_steps else "")
+            + (f"  env failures {stats.env_health.failures}" if stats.env_health.failures else "")
+            + (f"  non-finite env steps {stats.env_health.nonfinite:,}" if stats.env_health.nonfinite else "")
             + (f"  respawns {self.respawner.stats.total}" if self.respawner and self.respawner.stats.total else "")
             + (f"  tensorboard off ({self.writer.dropped:,} dropped)" if self.writer and self.writer.failure else "")
             + (
@@ -124,11 +124,11 @@ class Reporting:
             return
         if stats.env_steps >= self.cfg.run.train_for_env_steps:
             return  # resumed at its step target: nothing was left to do
-        if stats.sampled_env_steps == 0:
+        if stats.env_health.steps == 0:
             why = "the rollout workers took no env step (the lines above say why)"
         else:
             why = (
-                f"{stats.sampled_env_steps:,} env steps were sampled and no training batch "
+                f"{stats.env_health.steps:,} env steps were sampled and no training batch "
                 f"({self.cfg.samples_per_training_batch:,} samples) was complete: give it more time"
             )
         self.exit_code = 1

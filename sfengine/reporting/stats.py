@@ -39,6 +39,51 @@ class EnvCost:
 BAD_WINDOW_STEPS = 1000  # env steps over which the share of non-finite or failed ones is judged
 
 
+class EnvHealth:
+    """The env steps that raised (the env rebuilt, its episode dropped) or returned NaN or infinite values, from the
+    rollout workers' reports: in all, and judged window by window (training and evaluation both stop on them)."""
+
+    def __init__(self):
+        self.failures = self.nonfinite = self.steps = 0
+        self.window = [0, 0, 0]  # (non-finite steps, failed ones, env steps) since the last check of their share
+
+    def add(self, report: WorkerReport) -> None:
+        self.failures += report.env_failures
+        self.nonfinite += report.nonfinite_steps
+        self.steps += report.env_steps
+        self.window = [
+            self.window[0] + report.nonfinite_steps,
+            self.window[1] + report.env_failures,
+            self.window[2] + report.env_steps,
+        ]
+
+    def dominate(self, at_least: int = BAD_WINDOW_STEPS) -> str | None:
+        """Why the run should stop, once at least ``at_least`` env steps show more than half of them non-finite, or
+        more than half of them failed (the env raised): nothing is learned from them, no episode is played through;
+        None otherwise (each window of that many steps is judged on its own)."""
+        nonfinite, failed, steps = self.window
+        if steps < at_least:
+            return None
+        self.window = [0, 0, 0]
+        if failed > steps / 2:
+            return f"the env raised in {failed:,} of its last {steps:,} steps ({REBUILT}): fix the env"
+        if nonfinite > steps / 2:
+            return (
+                f"the env returned NaN or infinite observations or rewards in {nonfinite:,} of its last {steps:,} "
+                "steps (their episodes are not learned from): fix the env, or clean its values in a wrapper"
+            )
+        return None
+
+    def dropped(self) -> str | None:
+        """What the env's failures dropped in all, in words, or None where none failed."""
+        if not self.failures:
+            return None
+        return f"the env raised in {self.failures:,} of {self.steps:,} steps ({REBUILT})"
+
+
+REBUILT = "each time it was rebuilt and its episode dropped; the first tracebacks are above"
+
+
 class RunStats:
     def __init__(self, stats_window: int, initial_env_steps: int, task_names: list[str] | None = None):
         self.started = time.time()
@@ -46,10 +91,7 @@ class RunStats:
         self.env_steps = initial_env_steps
         self.policy_version = 0
         self.episodes = 0
-        self.env_failures = 0
-        self.nonfinite_env_steps = 0
-        self.sampled_env_steps = 0  # env.step calls of this run's rollout workers, learned from or not
-        self.bad_window = [0, 0, 0]  # (non-finite steps, failed ones, env steps) since the last check of their share
+        self.env_health = EnvHealth()
         self.returns: deque[float] = deque(maxlen=stats_window)
         self.lengths: deque[int] = deque(maxlen=stats_window)
         self.successes: deque[float] = deque(maxlen=stats_window)
@@ -78,12 +120,7 @@ class RunStats:
 
     def add_worker_report(self, report: WorkerReport) -> None:
         self.add_episodes(report.episodes)
-        self.env_failures += report.env_failures
-        self.nonfinite_env_steps += report.nonfinite_steps
-        self.bad_window[0] += report.nonfinite_steps
-        self.bad_window[1] += report.env_failures
-        self.bad_window[2] += report.env_steps
-        self.sampled_env_steps += report.env_steps
+        self.env_health.add(report)
         for cost in (self.env_cost, self.env_cost_total):
             cost.add(report)
         self.worker_env += report.env_step_sec
@@ -197,26 +234,6 @@ class RunStats:
             return None
         return round((self.last_batch[1] - self.first_batch[1]) / (self.last_batch[0] - self.first_batch[0]), 1)
 
-    def bad_steps_dominate(self, at_least: int = BAD_WINDOW_STEPS) -> str | None:
-        """Why the run should stop, once at least ``at_least`` env steps show more than half of them non-finite, or
-        more than half of them failed (the env raised): it learns from none of them; None otherwise (each window of
-        that many steps is judged on its own)."""
-        nonfinite, failed, steps = self.bad_window
-        if steps < at_least:
-            return None
-        self.bad_window = [0, 0, 0]
-        if failed > steps / 2:
-            return (
-                f"the env raised in {failed:,} of its last {steps:,} steps (each time it was rebuilt and its episode "
-                "dropped; the first tracebacks are above): fix the env"
-            )
-        if nonfinite > steps / 2:
-            return (
-                f"the env returned NaN or infinite observations or rewards in {nonfinite:,} of its last {steps:,} "
-                "steps (their episodes are not learned from): fix the env, or clean its values in a wrapper"
-            )
-        return None
-
     def summary(self) -> dict:
         wall = time.time() - self.started
         summary = {
@@ -226,8 +243,8 @@ class RunStats:
             "fps": round((self.env_steps - self.initial_env_steps) / max(wall, 1e-6), 1),
             "fps_steady": self._steady_fps(),
             "episodes": self.episodes,
-            "env_failures": self.env_failures,
-            "nonfinite_env_steps": self.nonfinite_env_steps,
+            "env_failures": self.env_health.failures,
+            "nonfinite_env_steps": self.env_health.nonfinite,
             "episode_return_mean": float(np.mean(self.returns)) if self.returns else None,
             "episode_len_mean": float(np.mean(self.lengths)) if self.lengths else None,
             "policy_lag_mean": self.lag_sum / self.lag_count if self.lag_count else None,

@@ -320,7 +320,7 @@ class EnvGroup:
     def _count_failure(self, i: int, what: str) -> None:
         """A reset or step that raised: counted, and logged with its traceback the first FAILURES_LOGGED times (an
         env that raises at every step would otherwise print a traceback a step; the run stops on it, see
-        ``RunStats.bad_steps_dominate``)."""
+        ``EnvHealth.dominate``)."""
         self.failures += 1
         self.failures_logged += 1
         if self.failures_logged <= FAILURES_LOGGED:

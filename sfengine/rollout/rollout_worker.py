@@ -40,7 +40,7 @@ from sfengine.engine.messages import (
     WorkerReport,
 )
 from sfengine.env.registry import EnvFactory, env_context
-from sfengine.env.spaces import ActionSpec
+from sfengine.env.spaces import DEFAULT_OBS_KEY, ActionSpec
 from sfengine.evaluation.episode_queue import SharedEpisodeQueue
 from sfengine.evaluation.video import EvalOutput
 from sfengine.inference.policy_actor import PolicyActor
@@ -103,6 +103,7 @@ class RolloutWorker(Component):
         self.warned_no_success = False
         self.grouped = algorithm_for(cfg).grouped(cfg)  # episodes batched in groups: outcomes matter
         self.stopped = False
+        self.broken = False  # an env broke its observation_space: the run is stopping (``failed``)
 
     @staticmethod
     def _rollouts_per_update(cfg: Config) -> int:
@@ -117,6 +118,9 @@ class RolloutWorker(Component):
 
     @signal
     def report(self): ...
+
+    @signal
+    def failed(self): ...  # (reason: str) an env broke its spaces mid-run: the run cannot go on
 
     # ---------------------------------------------------------------- start-up
 
@@ -190,7 +194,9 @@ class RolloutWorker(Component):
             for i in range(len(split.group)):
                 obs = split.group.reset(i)
                 if obs is not None:
-                    self._write_obs(obs, split.buffer_ids[i], 0)
+                    self._write_obs(obs, split.buffer_ids[i], 0, split.group, i)
+            if self.broken:
+                return
             self.traj["episode_positions"][split.buffer_ids, 0] = split.group.positions
             self.start_sec += time.perf_counter() - started
             if split.group.active.any():
@@ -228,9 +234,19 @@ class RolloutWorker(Component):
         split.t = 0
         self.split_ids_np[split.row] = split.buffer_ids
 
-    def _write_obs(self, obs: dict, buffer_id: int, t: int) -> None:
-        for key, value in obs.items():
-            self.obs_np[key][buffer_id, t] = value
+    def _write_obs(self, obs: dict, buffer_id: int, t: int, group: EnvGroup, i: int) -> None:
+        try:
+            for key, value in obs.items():
+                self.obs_np[key][buffer_id, t] = value
+        except (ValueError, KeyError):  # (checked only where the write fails: no cost on the hot path)
+            self._env_broken(f"{group.describe(i)} returned {obs_misfit(obs, self.obs_np)}")
+
+    def _env_broken(self, reason: str) -> None:
+        """An env that broke its observation_space after the start's check: every step of it would fail the same
+        way, so the run stops, naming it (a respawn would meet it again)."""
+        if not self.broken:
+            self.broken = True
+            self.failed.emit(reason)
 
     def _request(self, split: SplitRunner) -> None:
         self.split_step_np[split.row] = split.t
@@ -317,7 +333,9 @@ class RolloutWorker(Component):
             self._keep_final_obs(split, i, final_obs, ids[i], t)
         for i, obs in enumerate(group.obs):
             if obs is not None:  # None: an evaluation's episode set is exhausted, and this env stopped
-                self._write_obs(obs, ids[i], t + 1)
+                self._write_obs(obs, ids[i], t + 1, group, i)
+        if self.broken:
+            return
         self.traj["rewards"][ids, t] = group.rewards
         self.traj["terminated"][ids, t] = group.terminated
         self.traj["truncated"][ids, t] = group.truncated
@@ -452,3 +470,19 @@ class RolloutWorker(Component):
         for split in self.splits:
             split.group.close()
         stop_own_loop(self)
+
+
+def obs_misfit(obs: dict, obs_np: dict[str, np.ndarray]) -> str:
+    """How an observation fails to fit the buffers of the env's observation_space, in words with the fix."""
+    extra = sorted(set(obs) - set(obs_np))
+    if extra or set(obs_np) - set(obs):
+        return f"an observation with keys {sorted(obs)}; its observation_space has {sorted(obs_np)}: make them agree"
+    for key, value in obs.items():
+        expected = obs_np[key].shape[2:]
+        if np.shape(value) != expected:
+            named = f" '{key}'" if key != DEFAULT_OBS_KEY else ""
+            return (
+                f"an observation{named} of shape {np.shape(value)} mid-run; its observation_space (and its first "
+                f"observations) say {expected}: make them agree"
+            )
+    return "an observation that does not fit its observation_space: make them agree"

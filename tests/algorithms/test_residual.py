@@ -16,7 +16,7 @@ import torch
 
 from helpers import evaluate, read_summary, registered_base, run_train, scripted_demos
 from sfengine.algorithms.offpolicy.residual import base_identity, load_base
-from sfengine.config import ConfigError, parse_config
+from sfengine.config import ConfigError, parse_config, save_config
 from sfengine.demos import write_demos
 from sfengine.engine.checkpoint import list_checkpoints, load_latest_checkpoint
 from sfengine.env.registry import resolve_env_factory
@@ -101,6 +101,19 @@ def test_residual_options_are_checked():
         parse_config(["--algo=td3", "--bc_weight=0.4"])
     with pytest.raises(ConfigError, match="residual_over"):
         parse_config(["--algo=ppo", "--residual_over=x"])  # another algorithm's option
+
+
+def test_a_demo_ratio_without_demonstrations_is_refused_unless_it_is_a_resumed_runs_own(tmp_path):
+    # It was accepted, and the run learned from no demonstration while its command said a share of each minibatch.
+    with pytest.raises(ConfigError, match=r"--demo_ratio=0.3 is the demonstrations' share .* give them with --demos"):
+        parse_config(["--algo=sac", "--demo_ratio=0.3"])
+    assert parse_config(["--algo=sac", "--demo_ratio=0.3", "--demos=d.hdf5"]).get("demo_ratio") == 0.3
+    # A resumed run's saved config holds every option, demo_ratio's default among them: not a request.
+    (tmp_path / "run").mkdir()
+    save_config(
+        parse_config(["--algo=sac", f"--train_dir={tmp_path}", "--experiment=run"]), tmp_path / "run/config.json"
+    )
+    assert parse_config(["--algo=sac", f"--train_dir={tmp_path}", "--experiment=run"]).get("demo_ratio") == 0.5
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ and one step of it are checked in the main process (sfengine.env.check)."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from helpers import FAST, read_summary
 from sfengine.env.check import EnvAPIError, check_env_api
 from sfengine.env.spaces import obs_spec_from_space
 
@@ -140,8 +142,28 @@ BROKEN_ENV_SCRIPT = textwrap.dedent(
         return HangsInStep(gym.make("CartPole-v1"))
 
 
+    def make_hanging_in_its_factory(ctx):
+        time.sleep(1000)
+
+
+    class GrowsMidRun(gym.Wrapper):
+        # Passes the start's check, then (its 51st step on) adds a dimension to its observations.
+        steps = 0
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            self.steps += 1
+            return (np.append(obs, 0.0) if self.steps > 50 else obs), reward, terminated, truncated, info
+
+
+    def make_grows_mid_run(ctx):
+        return GrowsMidRun(gym.make("CartPole-v1"))
+
+
     register_env("old_gym_cartpole", make_old_gym_cartpole)
     register_env("hanging", make_hanging)
+    register_env("hanging_in_its_factory", make_hanging_in_its_factory)
+    register_env("grows_mid_run", make_grows_mid_run)
 
     if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
@@ -179,3 +201,43 @@ def test_ctrl_c_in_the_check_of_an_env_that_never_returns_is_one_line(tmp_path):
     assert err.strip().splitlines() == [
         "sfengine.train: interrupted before the run started (in its checks of the env and options)"
     ]
+
+
+@pytest.mark.parametrize(
+    "env, stage",
+    [("hanging", "its first reset and step (the start's check of the env)"), ("hanging_in_its_factory", "its factory")],
+)
+def test_an_env_that_hangs_in_the_start_check_stops_the_run_with_its_stack_past_the_startup_timeout(
+    tmp_path, env, stage
+):
+    # Nothing else watches the main process's check: it waited for the env forever, and only Ctrl-C ended it.
+    script = tmp_path / "hanging.py"
+    script.write_text(BROKEN_ENV_SCRIPT)
+    args = [f"--env={env}", "--experiment=hangs", "--startup_timeout_sec=3", f"--train_dir={tmp_path}"]
+    started = time.time()
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"sfengine.train: error: env '{env}': {stage} did not return within 3 s (--startup_timeout_sec; the stack "
+        "it was in is above): fix the hang, or raise --startup_timeout_sec if the env takes that long"
+    )
+    assert "time.sleep(1000)" in result.stderr  # where it hung
+    assert time.time() - started < 60
+    assert not (tmp_path / "hangs").exists()
+
+
+def test_an_env_whose_observation_changes_shape_mid_run_stops_the_run_naming_it(tmp_path):
+    # The write into the shared buffers raised a numpy broadcast error in the worker, which was respawned until
+    # --max_respawns and the run stopped as "process died: rollout_worker_0_process", the env never named.
+    script = tmp_path / "grows.py"
+    script.write_text(BROKEN_ENV_SCRIPT)
+    args = ["--env=grows_mid_run", "--experiment=grows", f"--train_dir={tmp_path}", *FAST[1:]]
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    summary = read_summary(tmp_path, "grows")
+    assert re.fullmatch(
+        r"rollout worker \d, env \d \(grows_mid_run\) returned an observation of shape \(5,\) mid-run; its "
+        r"observation_space \(and its first observations\) say \(4,\): make them agree",
+        summary["stop_reason"],
+    ), summary["stop_reason"]
+    assert summary["respawns"] == {}  # a fresh worker would meet the same env

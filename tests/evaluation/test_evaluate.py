@@ -225,6 +225,55 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(toy_run, tmp_path):
     assert not (tmp_path / "empty").exists()
 
 
+# A user script that evaluates with an env that passes the start's check (one reset, one step) and raises in every
+# later step, as a simulator broken by the evaluation's settings would.
+BREAKS_AFTER_ITS_FIRST_STEP_SCRIPT = """
+import sys
+
+import gymnasium as gym
+
+from sfengine import register_env
+from sfengine.evaluate import main
+from sfengine_envs.multitask_toy import make_multitask_toy
+
+
+class BreaksAfterItsFirstStep(gym.Wrapper):
+    steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps > 1:
+            raise RuntimeError("the simulator diverged")
+        return self.env.step(action)
+
+
+def make_broken_toy(ctx):
+    return BreaksAfterItsFirstStep(make_multitask_toy(ctx))
+
+
+register_env("broken_toy", make_broken_toy)
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_an_evaluation_whose_env_raises_says_so_and_exits_1(toy_run, tmp_path):
+    # Every episode's env is rebuilt and the episode dropped: the evaluation ended with 0 episodes and said only
+    # that it did not complete, and that --resume would play the missing ones (which would fail the same way).
+    script = tmp_path / "broken.py"
+    script.write_text(BREAKS_AFTER_ITS_FIRST_STEP_SCRIPT)
+    args = [f"--train_dir={toy_run}", "--experiment=toy", "--env=broken_toy", "--num_workers=1"]
+    result = evaluate(*args, script=script, timeout=180)
+    shutil.rmtree(toy_run / "toy" / "eval")  # the toy run is shared: the other tests expect no folder of this one
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    total = NUM_TASKS * NUM_INIT_STATES
+    assert f"did not complete: 0 episodes finished of {total}: the env raised in {total} of " in last, last
+    assert "the first tracebacks are above" in last and "RuntimeError: the simulator diverged" in result.stderr
+
+
 def test_an_evaluation_drops_the_training_runs_tasks_and_layout_but_keeps_what_its_command_gives():
     # Training's --tasks=1 would have each evaluation env build task 1's simulator at start, whatever it evaluates.
     cfg = parse_config(["--env=multitask_toy", "--tasks=1", "--num_workers=3", "--num_envs_per_worker=4"])

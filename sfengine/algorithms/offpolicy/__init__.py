@@ -157,6 +157,11 @@ def validate(cfg: Config) -> None:
         )
     if options.bc_weight > 0 and not cfg.learner.demos:
         raise ConfigError("--bc_weight pulls the actor toward the demonstrations: give them with --demos=FILE")
+    if "demo_ratio" in cfg.asked and not cfg.learner.demos:
+        raise ConfigError(
+            f"--demo_ratio={options.demo_ratio:g} is the demonstrations' share of each minibatch, and none are given: "
+            "give them with --demos=FILE, or drop --demo_ratio"
+        )
     if options.learning_starts < 0:
         raise ConfigError(f"--learning_starts={options.learning_starts} must not be negative")
     if not 0 <= options.image_shift < 0.5:
