@@ -140,8 +140,22 @@ def print_stacks_on_sigusr1() -> None:
     faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
 
 
+UNGUARDED_MAIN_EXIT = 3  # a component process ran a command's main() as it imported the user's script
+
+
 def start_command() -> None:
-    """What every command's main process sets up first: the log format and the stacks on SIGUSR1."""
+    """What every command's main process sets up first: the log format and the stacks on SIGUSR1. Called in a
+    component process that is still importing the user's script (multiprocessing imports it in every process it
+    starts, so a script that calls main() unguarded would start a run in each), it says so and ends that process
+    with UNGUARDED_MAIN_EXIT, which the runner names (``death_reason``)."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # (multiprocessing's own test of this)
+        print(
+            f"sfengine: {multiprocessing.current_process().name} ran your script's main() as it imported it: "
+            'call main() under if __name__ == "__main__":',
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(UNGUARDED_MAIN_EXIT)  # (SystemExit here would end the process with code 1, unnamed)
     configure_logging()
     print_stacks_on_sigusr1()
 
@@ -217,3 +231,21 @@ def stop_own_loop(component: EventLoopObject) -> None:
     runner's loop, and only the runner may stop it (after the learner's final report)."""
     if component.event_loop.process is not None:
         component.event_loop.stop()
+
+
+def death_reason(process) -> str:
+    """Why a run stops on a component process's death, in words."""
+    reason = f"process died: {process.name} (exit code {process.exitcode})"
+    if process.exitcode == UNGUARDED_MAIN_EXIT:
+        reason += (
+            ": it ran your script's call of main() as it imported the script (every component process imports it): "
+            'put the call under if __name__ == "__main__":'
+        )
+    return reason
+
+
+def unrespawnable(process) -> str | None:
+    """Why a dead component is not respawned whatever --max_respawns allows, or None."""
+    if process.exitcode == UNGUARDED_MAIN_EXIT:
+        return "its successor would import the script the same way"
+    return None

@@ -18,7 +18,7 @@ from collections.abc import Collection
 import psutil
 
 from sfengine.engine.checkpoint import list_checkpoints
-from sfengine.engine.event_loop import Component, EngineProcess
+from sfengine.engine.event_loop import Component, EngineProcess, death_reason, unrespawnable
 from sfengine.engine.hang_watch import HangWatch
 from sfengine.engine.lifecycle import (
     STOP_TIMEOUT_SEC,
@@ -183,7 +183,7 @@ class Supervision:
         --max_respawns, stops the run."""
         for process in dead:
             component = process.name.removesuffix("_process")
-            refusal = self._respawn_refusal(component)
+            refusal = self._respawn_refusal(component) or unrespawnable(process)
             if refusal is None:
                 lost = "; the evaluation under way is lost" if process.name == EVALUATOR_PROCESS else ""
                 log.error("%s died (exit code %s); respawning it%s", component, process.exitcode, lost)
@@ -198,7 +198,7 @@ class Supervision:
                 refusal,
                 f"; {self._last_checkpoint()}" if learner else "",
             )
-            self.request_stop(f"process died: {process.name} (exit code {process.exitcode})", exit_code=1)
+            self.request_stop(death_reason(process), exit_code=1)
             return
 
     def _respawn_refusal(self, component: str) -> str | None:

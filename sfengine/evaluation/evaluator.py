@@ -27,7 +27,7 @@ from signal_slot.signal_slot import signal
 
 from sfengine.config import Config
 from sfengine.engine.buffers import SharedBuffers, SharedWeights
-from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess
+from sfengine.engine.event_loop import Component, EngineEventLoop, EngineProcess, death_reason, unrespawnable
 from sfengine.engine.fork_server import component_context
 from sfengine.engine.hang_watch import HangWatch
 from sfengine.engine.lifecycle import (
@@ -168,10 +168,10 @@ class EvalRunner(Component):
         """Respawn dead workers; one past --max_respawns stops the evaluation with what it has."""
         for process in dead:
             component = process.name.removesuffix("_process")
-            refusal = self._refusal(component)
+            refusal = self._refusal(component) or unrespawnable(process)
             if refusal is not None:
                 log.error("%s died (exit code %s); %s; ending the evaluation", component, process.exitcode, refusal)
-                self._stop_all(f"process died: {process.name} (exit code {process.exitcode})")
+                self._stop_all(death_reason(process))
                 return
             log.error("%s died (exit code %s); respawning it", component, process.exitcode)
             if not self._respawn(process):

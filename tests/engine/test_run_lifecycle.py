@@ -537,6 +537,23 @@ def run_user_script(tmp_path, train_dir, *args: str) -> subprocess.CompletedProc
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
+def test_a_script_that_calls_main_unguarded_stops_at_once_with_the_fix(tmp_path, train_dir):
+    # Every component process imports the main script: each one ran main() again inside its start-up, printed
+    # multiprocessing's traceback about the bootstrapping phase, and the run stopped as "process died:
+    # learner_process (exit code 1)" after respawning the rollout workers that did the same.
+    script = tmp_path / "unguarded.py"
+    guarded = 'if __name__ == "__main__":\n    sys.exit(main(sys.argv[1:]))'
+    assert guarded in USER_SCRIPT
+    script.write_text(USER_SCRIPT.replace(guarded, "sys.exit(main(sys.argv[1:]))"))
+    args = [f"--train_dir={train_dir}", *FAST[1:], "--env=short_pendulum", "--experiment=unguarded"]
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    summary = read_summary(train_dir, "unguarded")
+    reason = summary["stop_reason"]
+    assert reason.startswith("process died: ") and ': put the call under if __name__ == "__main__":' in reason, reason
+    assert summary["respawns"] == {} and "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_an_env_that_raises_is_rebuilt_and_the_run_goes_on(tmp_path, train_dir):
     result = run_user_script(
