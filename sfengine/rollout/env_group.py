@@ -23,6 +23,7 @@ import numpy as np
 
 from sfengine.engine.buffers import NO_ENV
 from sfengine.engine.messages import EpisodeStats
+from sfengine.env.check import EnvHang, time_limit
 from sfengine.env.registry import EnvContext, EnvFactory
 from sfengine.env.spaces import obs_as_dict
 from sfengine.evaluation.episode_queue import SINGLE_TASK, EvalEpisode, SharedEpisodeQueue
@@ -136,6 +137,7 @@ class ListSource(EpisodeSource):
 
 
 NONFINITE_LOGGED = 3  # lines an EnvGroup logs about non-finite values; the rest are counted
+ENV_CLOSE_TIMEOUT_SEC = 10.0  # a process's envs' close() at the stop, all together; past it, they are left to its exit
 FAILURES_LOGGED = 3  # tracebacks an EnvGroup logs of resets and steps that raised; the rest are counted
 
 
@@ -350,9 +352,33 @@ class EnvGroup:
         finished, self.finished = self.finished, []
         return finished
 
-    def close(self) -> None:
-        for env in self.envs:
+    def close(self, deadline: float | None = None) -> None:
+        """Close every env by ``deadline`` (``time.monotonic()``; default: ENV_CLOSE_TIMEOUT_SEC from now). One
+        whose close() raises is logged; one still in it at the deadline is named with its stack, and it and the envs
+        not yet closed are left to the process's exit (the stop would otherwise wait its whole timeout, unnamed)."""
+        deadline = time.monotonic() + ENV_CLOSE_TIMEOUT_SEC if deadline is None else deadline
+        for i, env in enumerate(self.envs):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.error(
+                    "%s and the %d envs after it: not closed, the stop's %.0f s for closing envs were spent; left to "
+                    "the process's exit",
+                    self.describe(i),
+                    len(self.envs) - i - 1,
+                    ENV_CLOSE_TIMEOUT_SEC,
+                )
+                return
             try:
-                env.close()
+                with time_limit(left):
+                    env.close()
+            except EnvHang:
+                log.error(
+                    "%s: close() did not return within %.0f s of the stop (the stack it was in is above); leaving it "
+                    "and the %d envs after it to the process's exit",
+                    self.describe(i),
+                    ENV_CLOSE_TIMEOUT_SEC,
+                    len(self.envs) - i - 1,
+                )
+                return
             except Exception:  # noqa: BLE001  (a failing close must not block the shutdown of the others)
                 log.exception("closing an env of %s failed", self.name)

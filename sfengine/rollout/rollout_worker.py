@@ -44,7 +44,14 @@ from sfengine.env.spaces import DEFAULT_OBS_KEY, ActionSpec
 from sfengine.evaluation.episode_queue import SharedEpisodeQueue
 from sfengine.evaluation.video import EvalOutput
 from sfengine.inference.policy_actor import PolicyActor
-from sfengine.rollout.env_group import EnvGroup, EpisodeSource, QueueSource, SeedSource, SequenceSource
+from sfengine.rollout.env_group import (
+    ENV_CLOSE_TIMEOUT_SEC,
+    EnvGroup,
+    EpisodeSource,
+    QueueSource,
+    SeedSource,
+    SequenceSource,
+)
 from sfengine.tasks.seeding import rollout_env_seed
 from sfengine.tasks.sequence import SharedTaskSequence
 
@@ -467,8 +474,9 @@ class RolloutWorker(Component):
         self.stopped = True
         if self.splits:
             self._send_report()
+        deadline = time.monotonic() + ENV_CLOSE_TIMEOUT_SEC
         for split in self.splits:
-            split.group.close()
+            split.group.close(deadline)
         stop_own_loop(self)
 
 

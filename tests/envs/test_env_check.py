@@ -160,10 +160,21 @@ BROKEN_ENV_SCRIPT = textwrap.dedent(
         return GrowsMidRun(gym.make("CartPole-v1"))
 
 
+    class HangsInClose(gym.Wrapper):
+        def close(self):
+            time.sleep(1000)
+
+
+    def make_hangs_in_close_in_the_workers(ctx):
+        env = gym.make("CartPole-v1")
+        return HangsInClose(env) if ctx.worker_index >= 0 else env  # (the start's check closes its env)
+
+
     register_env("old_gym_cartpole", make_old_gym_cartpole)
     register_env("hanging", make_hanging)
     register_env("hanging_in_its_factory", make_hanging_in_its_factory)
     register_env("grows_mid_run", make_grows_mid_run)
+    register_env("hangs_in_close", make_hangs_in_close_in_the_workers)
 
     if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
@@ -241,3 +252,21 @@ def test_an_env_whose_observation_changes_shape_mid_run_stops_the_run_naming_it(
         summary["stop_reason"],
     ), summary["stop_reason"]
     assert summary["respawns"] == {}  # a fresh worker would meet the same env
+
+
+def test_envs_that_hang_in_close_cost_the_stop_seconds_not_its_timeout_and_are_named(tmp_path):
+    # The workers waited in the envs' close() until the stop's 60 s timeout terminated them, naming the worker only.
+    script = tmp_path / "hangs_in_close.py"
+    script.write_text(BROKEN_ENV_SCRIPT)
+    args = ["--env=hangs_in_close", "--experiment=close", f"--train_dir={tmp_path}", *FAST[1:]]
+    started = time.time()
+    result = subprocess.run(
+        [sys.executable, str(script), *args, "--train_for_env_steps=3000"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert time.time() - started < 50, result.stderr[-2000:]
+    assert "did not stop within" not in result.stderr
+    # Each of the 2 workers names the env it met hanging, with its stack, and leaves the rest.
+    named = re.findall(r"rollout worker (\d), env \d \(hangs_in_close\): close\(\) did not return", result.stderr)
+    assert sorted(named) == ["0", "1"], result.stderr[-3000:]
+    assert "time.sleep(1000)" in result.stderr
