@@ -140,7 +140,9 @@ def print_stacks_on_sigusr1() -> None:
     faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
 
 
-UNGUARDED_MAIN_EXIT = 3  # a component process ran a command's main() as it imported the user's script
+# A component process ran a command's main() as it imported the user's script: an exit code no simulator is
+# likely to use, read as such only where the main process runs a script (not python -m sfengine.*).
+UNGUARDED_MAIN_EXIT = 97
 
 
 def start_command() -> None:
@@ -236,7 +238,7 @@ def stop_own_loop(component: EventLoopObject) -> None:
 def death_reason(process) -> str:
     """Why a run stops on a component process's death, in words."""
     reason = f"process died: {process.name} (exit code {process.exitcode})"
-    if process.exitcode == UNGUARDED_MAIN_EXIT:
+    if imported_main_unguarded(process):
         reason += (
             ": it ran your script's call of main() as it imported the script (every component process imports it): "
             'put the call under if __name__ == "__main__":'
@@ -246,6 +248,13 @@ def death_reason(process) -> str:
 
 def unrespawnable(process) -> str | None:
     """Why a dead component is not respawned whatever --max_respawns allows, or None."""
-    if process.exitcode == UNGUARDED_MAIN_EXIT:
+    if imported_main_unguarded(process):
         return "its successor would import the script the same way"
     return None
+
+
+def imported_main_unguarded(process) -> bool:
+    """Whether ``process`` ended as one that ran the user's main() on import (``start_command``): its exit code,
+    where this process runs a script by its path (whose call of main() may lack its guard)."""
+    run_as_script = getattr(sys.modules["__main__"], "__spec__", None) is None
+    return process.exitcode == UNGUARDED_MAIN_EXIT and run_as_script
