@@ -120,11 +120,14 @@ def test_sac_on_cuda_learns_sparse_reach_and_its_run_goes_on_on_the_cpu(train_di
 
 
 def test_sac_on_cuda_learns_image_reach_from_its_pixels(train_dir):
-    # The CPU test's minibatches (tests/algorithms/test_offpolicy_images.py), to the 0.8 its settings reached at
-    # 6.4k env steps there: the CNN learns with the critics on the GPU, its images shifted there, and the inference
-    # worker acts through it in bf16.
+    # The CPU test's settings (tests/algorithms/test_offpolicy_images.py: gamma 0.9, at which seeds 1-4 passed 0.8
+    # within 4k env steps there; at 0.99 the same seed passed or never did, run to run), to its 0.8 within twice its
+    # 8k env steps: the CNN learns with the critics on the GPU, its images shifted there, and the inference worker
+    # acts through it in bf16.
     args = ["--algo=sac", "--env=image_reach", "--device=cuda", "--inference_dtype=bfloat16", "--batch_size=128"]
-    args += ["--learning_starts=2000", "--train_for_env_steps=20000", "--stop_at_success=0.8", "--stats_window=50"]
+    args += ["--seed=1", "--gamma=0.9", "--learning_starts=1000", "--critic_layer_norm=false"]
+    args += ["--num_workers=1", "--num_envs_per_worker=4", "--async_rl=false", "--rollout=16"]
+    args += ["--train_for_env_steps=16000", "--stop_at_success=0.8", "--stats_window=50"]
     result = run_train(train_dir, "sac_image", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "learner on cuda" in result.stdout
