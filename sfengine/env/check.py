@@ -39,8 +39,9 @@ HARD_LIMIT_GRACE_SEC = 60  # past the limit, a hang in native code that never re
 def time_limit(seconds: float) -> Iterator[None]:
     """Raise EnvHang where the block is if it lasts over ``seconds`` (0: no limit), after printing the stack it was
     in: an env that hangs in the start's check (``probe_env``) or in its close at the stop (``EnvGroup.close``) is
-    named with its stack instead of holding the command, or the stop, for good. A hang in native code that never returns to Python ends the process HARD_LIMIT_GRACE_SEC later with every thread's
-    stack (faulthandler, exit code 1). Only in the main thread (SIGALRM); elsewhere, no limit."""
+    named with its stack instead of holding the command, or the stop, for good. A hang in native code that never
+    returns to Python ends the process HARD_LIMIT_GRACE_SEC later with every thread's stack (faulthandler, exit code
+    1). Only in the main thread (SIGALRM); elsewhere, no limit."""
     if seconds <= 0 or threading.current_thread() is not threading.main_thread():
         yield
         return
