@@ -6,7 +6,8 @@ command's training loop (sfengine.pretrain) hand each scalar to a bounded queue 
 tensorboardX writes from a thread of its own; when that thread dies (a full disk: "No space left on device"),
 every later write waits forever on its full queue, and so does ``close()``. Here only this writer's thread can be
 caught there: once the write path fails (tensorboardX's thread dead, an exception, or this queue full), later
-scalars are dropped and counted, the reason is logged once, and ``close()`` gives up after ``CLOSE_TIMEOUT_SEC``.
+scalars are dropped and counted, the reason is logged once, and ``close()`` gives up at once (after
+``CLOSE_TIMEOUT_SEC`` where the failure comes in the close itself).
 The run goes on; ``failure`` and ``dropped`` say what was lost (status line and summary.json).
 """
 
@@ -71,7 +72,12 @@ class TensorBoardWriter:
             self._fail(f"{self.queue.maxsize} scalars wait unwritten (a disk that stalls?)")
 
     def close(self, timeout: float = CLOSE_TIMEOUT_SEC) -> None:
-        """Write what waits and close the file, within ``timeout`` seconds; after that, give up (logged)."""
+        """Write what waits and close the file, within ``timeout`` seconds; after that, give up (logged). Where the
+        write path has failed already, nothing more would be written: give up at once (this writer's thread may be
+        stuck in tensorboardX's full queue, and the stop would wait the whole timeout for it)."""
+        if self.failure is not None:
+            self._abandon()
+            return
         try:
             self.queue.put_nowait(_STOP)
         except queue.Full:

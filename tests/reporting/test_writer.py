@@ -24,3 +24,23 @@ def test_the_writer_starts_every_thread_it_needs_before_the_first_scalar(tmp_pat
     finally:
         writer.close()
     assert [point.value for point in read_scalars(tmp_path)["train/loss"]] == [0.0, 1.0, 2.0]
+
+
+def test_a_writer_whose_disk_failed_closes_at_once(tmp_path):
+    # On a full disk tensorboardX's thread dies and its queue fills: this writer's thread blocks in its add_scalar
+    # for good, and close() waited its whole timeout (10 s) at every stop. The blocked write is made here by hand.
+    writer = TensorBoardWriter(str(tmp_path / "tensorboard"))
+    release = threading.Event()
+    writer.writer.add_scalar = lambda *args, **kwargs: release.wait()
+    try:
+        writer.add_scalar("train/loss", 1.0, 0)
+        deadline = time.time() + 10
+        while not writer.queue.empty() and time.time() < deadline:  # the thread has taken it, and blocks
+            time.sleep(0.01)
+        writer._fail("its writer thread died (the line above says why)")  # as add_scalar finds a dead thread
+        started = time.perf_counter()
+        writer.close()
+        assert time.perf_counter() - started < 1.0
+        assert writer.failure.startswith("its writer thread died")
+    finally:
+        release.set()
