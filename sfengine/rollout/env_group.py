@@ -359,23 +359,18 @@ class EnvGroup:
         deadline = time.monotonic() + ENV_CLOSE_TIMEOUT_SEC if deadline is None else deadline
         for i, env in enumerate(self.envs):
             left = deadline - time.monotonic()
-            if left <= 0:
-                log.error(
-                    "%s and the %d envs after it: not closed, the stop's %.0f s for closing envs were spent; left to "
-                    "the process's exit",
-                    self.describe(i),
-                    len(self.envs) - i - 1,
-                    ENV_CLOSE_TIMEOUT_SEC,
-                )
-                return
             try:
+                if left <= 0:
+                    raise EnvHang  # (the time went to the envs before it)
                 with time_limit(left):
                     env.close()
             except EnvHang:
+                why = "close() did not return" if left > 0 else "not closed: the time for closing envs was spent"
                 log.error(
-                    "%s: close() did not return within %.0f s of the stop (the stack it was in is above); leaving it "
-                    "and the %d envs after it to the process's exit",
+                    "%s: %s within %.0f s of the stop (a stack it hung in is above); leaving it and the %d envs after "
+                    "it to the process's exit",
                     self.describe(i),
+                    why,
                     ENV_CLOSE_TIMEOUT_SEC,
                     len(self.envs) - i - 1,
                 )
