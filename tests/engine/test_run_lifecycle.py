@@ -615,6 +615,9 @@ from sfengine_envs.multitask_toy import make_multitask_toy
 
 HUNG_ONCE = __file__ + ".hung"
 HANG_STEP = int(os.environ.get("HANG_STEP", 3000))
+# A test whose run only has to outlast some seconds paces its steps, so that it neither needs hundreds of thousands
+# of them on a fast machine nor takes a loaded machine's cores from the tests beside it.
+STEP_SECONDS = float(os.environ.get("STEP_MS", 0)) / 1000
 # A test of the stop's own time limit shortens it, as it cannot wait the minute a run gives its components.
 supervision = sfengine.engine.supervision
 supervision.STOP_TIMEOUT_SEC = float(os.environ.get("STOP_TIMEOUT_SEC", supervision.STOP_TIMEOUT_SEC))
@@ -641,8 +644,19 @@ class HangsOnce(gym.Wrapper):
         return self.env.step(action)
 
 
+class Paced(gym.Wrapper):
+    def step(self, action):
+        time.sleep(STEP_SECONDS)
+        return self.env.step(action)
+
+
+def make_paced_toy(ctx):
+    toy = make_multitask_toy(ctx)
+    return Paced(toy) if STEP_SECONDS else toy
+
+
 def make_hanging_toy(ctx):
-    return HangsOnce(make_multitask_toy(ctx), ctx)
+    return HangsOnce(make_paced_toy(ctx), ctx)
 
 
 class StallsOnce(HangsOnce):
@@ -664,7 +678,7 @@ def make_slow_starting_toy(ctx):
     # Rollout worker 1 builds its envs for minutes, as LIBERO's simulators may on a loaded machine.
     if ctx.worker_index == 1:
         stuck_in_the_simulator()
-    return make_multitask_toy(ctx)
+    return make_paced_toy(ctx)
 
 
 def make_toy_hanging_at_its_first_start(ctx):
@@ -675,9 +689,10 @@ def make_toy_hanging_at_its_first_start(ctx):
     if hangs and not os.path.exists(HUNG_ONCE):
         open(HUNG_ONCE, "w").close()
         stuck_in_the_simulator()
-    return make_multitask_toy(ctx)
+    return make_paced_toy(ctx)
 
 
+register_env("paced_toy", make_paced_toy)
 register_env("hanging_toy", make_hanging_toy)
 register_env("stalling_toy", make_stalling_toy)
 register_env("slow_starting_toy", make_slow_starting_toy)
@@ -711,11 +726,13 @@ def run_to_the_end(command: list[str], **popen) -> tuple[str, list[psutil.Proces
 def test_a_hung_env_is_named_with_its_stack_and_its_worker_respawned(tmp_path, train_dir):
     shm_before = shm_entries()
     command = hanging_toy_command(tmp_path, train_dir, "hang")
-    # Enough steps that the other worker does not reach them alone within the 5 s of silence (it samples the toy
-    # at up to 20,000 a second; the hang comes at about 24,000).
-    command += ["--env=hanging_toy", "--hang_timeout_sec=5", "--train_for_env_steps=300000"]
+    # Steps of 1 ms, one env of a worker at a time: a worker takes fewer than 1,000 a second on any machine, so the
+    # hang comes after 4 s at the earliest, near 8,000 env steps (env 3's 1,000th), and worker 0 alone would need
+    # over 20 s for the rest: its partner's successor has the 5 s of silence and 15 s more to start (1,400 env
+    # steps a second in all here).
+    command += ["--env=hanging_toy", "--hang_timeout_sec=5", "--train_for_env_steps=30000"]
     started = time.time()
-    stderr, children = run_to_the_end(command)
+    stderr, children = run_to_the_end(command, env={**os.environ, "HANG_STEP": "1000", "STEP_MS": "1"})
     assert time.time() - started < 180  # noticed after 5 s of silence, not left hanging
     # The error names the worker, the env and what it was playing; its stack shows where it is stuck.
     error = next(line for line in stderr.splitlines() if "sent no report" in line)
@@ -725,7 +742,8 @@ def test_a_hung_env_is_named_with_its_stack_and_its_worker_respawned(tmp_path, t
     assert "stuck_in_the_simulator" in stderr  # the hung process's own stack, printed by faulthandler
     summary = read_summary(train_dir, "hang")
     assert summary["respawns"] == {"rollout_worker_1": 1}
-    assert summary["env_steps"] >= 300000 and summary["exit_code"] == 0
+    assert summary["env_steps"] >= 30000 and summary["exit_code"] == 0
+    assert summary["respawn_seconds_lost"] > 0  # its successor started and reported before the run's end
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, f"stray processes: {alive}"
     assert leaked_shm(shm_before) == set()
@@ -774,11 +792,12 @@ def test_hang_timeout_zero_lets_a_long_silence_pass(tmp_path, train_dir):
 
 
 @pytest.mark.slow
-def test_a_hung_training_evaluator_is_respawned_and_its_successor_evaluates(train_dir):
+def test_a_hung_training_evaluator_is_respawned_and_its_successor_evaluates(tmp_path, train_dir):
     # Frozen, the evaluator would leave every later evaluation dropped (one is under way), silently.
-    args = [*FAST, "--train_for_env_steps=100000000", "--train_for_seconds=25", "--hang_timeout_sec=4"]
-    args += ["--eval_every_env_steps=20000"]
-    process = start(train_command(train_dir, "frozen_eval", *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    command = hanging_toy_command(tmp_path, train_dir, "frozen_eval", "--env=paced_toy", "--hang_timeout_sec=4")
+    command += ["--train_for_env_steps=100000000", "--train_for_seconds=25", "--eval_every_env_steps=5000"]
+    paced = {**os.environ, "STEP_MS": "1"}  # the training beside it is not the point
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=paced)
     wait_for_training(process)
     children = psutil.Process(process.pid).children(recursive=True)
     (evaluator,) = (c for c in children if c.name() == "sfe-evaluator")
@@ -1051,7 +1070,7 @@ def test_a_stop_during_a_workers_start_up_ends_it_at_once_and_the_run_exits_0(tm
     shm_before = shm_entries()
     command = hanging_toy_command(tmp_path, train_dir, "starting")
     command += ["--env=slow_starting_toy", "--train_for_env_steps=100000000", "--report_every_sec=1"]
-    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = start(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "STEP_MS": "1"})
     wait_for_training(process)
     children = psutil.Process(process.pid).children(recursive=True)
     stopped = time.time()
@@ -1080,7 +1099,7 @@ def test_a_worker_hung_in_its_start_up_is_named_with_its_stack_and_respawned(tmp
     command += ["--env=toy_hanging_at_its_first_start", "--startup_timeout_sec=10", "--train_for_env_steps=100000000"]
     if hung == "evaluator":
         command += ["--eval_every_env_steps=100000"]
-    environment = {**os.environ, "HANGING": title}
+    environment = {**os.environ, "HANGING": title, "STEP_MS": "1"}  # worker 0's training is not the point
     stderr, children = run_to_the_end([*command, "--train_for_seconds=30"], env=environment)
     error = next(line for line in stderr.splitlines() if "still in its start-up" in line)
     assert f"{hung} is still in its start-up after" in error, error
@@ -1101,7 +1120,10 @@ def test_a_start_up_hung_past_max_respawns_stops_the_run_with_exit_1(tmp_path, t
     command = hanging_toy_command(tmp_path, train_dir, "never_up")
     # Room for worker 0's own start-up on a loaded machine (it took 3.4 s beside the suite and two benchmarks).
     command += ["--env=slow_starting_toy", "--startup_timeout_sec=10", "--max_respawns=0"]
-    process = start([*command, "--train_for_env_steps=100000000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    paced = {**os.environ, "STEP_MS": "1"}  # worker 0's training is not the point
+    process = start(
+        [*command, "--train_for_env_steps=100000000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=paced
+    )
     children = component_processes(process)
     output = process.communicate(timeout=180)[0]
     assert process.returncode == 1, output[-3000:]

@@ -476,6 +476,8 @@ def test_an_evaluation_cut_short_is_resumed_playing_only_the_episodes_it_lacks(t
     assert merged["complete"] and merged["overall"]["episodes"] == 200 == merged["expected_episodes"]
     assert Counter(Assignment(row["task_index"], row["init_state"]) for row in merged["episodes"]) == every
     assert merged["wall_sec"] > partial["wall_sec"]  # both runs' time
+    if cut_by == signal.SIGKILL:
+        return  # what follows does not depend on how the first evaluation was cut: checked once
 
     result = evaluate(*args, "--resume=true", script=script)
     assert result.returncode == 0 and "is complete (200 episodes): nothing to do" in result.stdout, result.stderr
