@@ -181,6 +181,15 @@ def test_stats_report_every_loss_and_diagnostic_as_a_finite_number():
     assert stats["approx_kl"] > 0 and stats["entropy"] > 0
 
 
+def test_explained_variance_is_left_out_while_every_return_is_the_same():
+    # A sparse reward not yet earned (LIBERO before its first success): no fraction of no variance is explained,
+    # and a NaN in the stats would reach TensorBoard, whose writer then logs "NaN or Inf found in input tensor".
+    unrewarded = bandit_batch()
+    unrewarded.rewards[:] = 0.0
+    stats = make_trainer().train(unrewarded, LEARNER_VERSION, env_steps=0)
+    assert "explained_variance" not in stats and all(math.isfinite(value) for value in stats.values()), stats
+
+
 @pytest.mark.parametrize("reward_scale, action_chunk", [(0.1, 1), (2.0, 1), (1.0, 3)])
 def test_advantages_are_gae_of_the_scaled_rewards(reward_scale, action_chunk):
     # With --action_chunk=K an entry is K env steps: the next entry is discounted by gamma^K.

@@ -151,11 +151,12 @@ class PPOTrainer(Trainer):
         # policy saw them, so an on-policy update starts at ratio 1 and its value anchors are the critic's own.
         if update_normalizers:
             self.model.update_normalizers({key: obs[:, steps] for key, obs in batch.obs.items()}, self.group.sum)
-        stats = {
-            "explained_variance": explained_variance(old_values, returns.reshape(-1)),
-            "value_mean": float(old_values.mean()),
-            "advantage_mean": float(advantages.mean()),
-        }
+        stats = {"value_mean": float(old_values.mean()), "advantage_mean": float(advantages.mean())}
+        explained = explained_variance(old_values, returns.reshape(-1))
+        # Undefined while every return is the same (a sparse reward not yet earned, as in LIBERO's first batches):
+        # left out, not written as a NaN that TensorBoard's writer reports as if training had diverged.
+        if not math.isnan(explained):
+            stats["explained_variance"] = explained
         if self.model.return_normalizer is not None:
             return_stats = self.model.return_normalizer
             stats.update(return_mean=float(return_stats.stats.mean), return_std=float(return_stats.std()))
