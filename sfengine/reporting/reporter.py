@@ -50,9 +50,10 @@ class Reporting:
         line = (
             f"[{summary['wall_seconds']:7.1f}s] steps {stats.env_steps:>10,} ({done})  FPS "
             + "/".join(f"{fps[w]:.0f}" for w in FPS_WINDOWS)
-            + f" (10/60/300s)  return {ret if ret is None else round(ret, 2)}"
+            # "-" until measured: no episode finished yet, no batch trained since the last line.
+            + f" (10/60/300s)  return {'-' if ret is None else round(ret, 2)}"
             + (f"  success {summary['success_rate']:.2f}" if "success_rate" in summary else "")
-            + f"  lag {learner.get('policy_lag_mean', float('nan')):.1f}"
+            + (f"  lag {learner['policy_lag_mean']:.1f}" if "policy_lag_mean" in learner else "  lag -")
             + (f"  env failures {stats.env_health.failures}" if stats.env_health.failures else "")
             + (f"  non-finite env steps {stats.env_health.nonfinite:,}" if stats.env_health.nonfinite else "")
             + (f"  respawns {self.respawner.stats.total}" if self.respawner and self.respawner.stats.total else "")

@@ -5,6 +5,7 @@ Needs the ``libero`` extra (``pip install -e '.[libero]'``), which CI installs.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -150,6 +151,12 @@ def test_training_on_libero_spatial_runs_end_to_end(train_dir):
     # 220-step episodes, 256 steps on each of 4 envs: every env finished one, each on a task of the suite.
     assert summary["per_task_success"]
     assert all(name.startswith("pick_up_the_black_bowl") for name in summary["per_task_success"])
+    # The status lines while the simulators are built, before any episode or update: "-" for what is not yet
+    # measured; and no NaN from the first updates' statistics (every return 0 until a success).
+    waiting = [line for line in result.stdout.splitlines() if re.search(r"\] steps +0 \(", line)]
+    assert all("return -" in line and "lag -" in line for line in waiting), waiting
+    assert not re.search(r"\bnan\b", result.stdout, re.I) and "return None" not in result.stdout, result.stdout[-3000:]
+    assert "NaN or Inf" not in result.stderr
 
 
 def test_success_is_detected_and_terminates_the_episode():
