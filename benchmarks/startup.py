@@ -6,7 +6,9 @@ last env step to the end of its output), this tree against a git revision, in on
 Each repeat runs a short training run (``--train_args``, CartPole by default) and an evaluation of its checkpoint
 from the baseline's checkout and from this tree, in turn, so both see the same drift of the machine. Reported per
 side, the median over the repeats: ``train_s`` (command start to the end of its output, as a caller that reads it
-waits), ``to_training_s`` (to the status line of the first trained env steps), ``evaluate_s``; and the ratios.
+waits), ``to_training_s`` (to the status line of the first trained env steps), ``evaluate_s``, and the CPU seconds
+(user and system) of each command's processes that were waited for (``train_cpu_s``, ``evaluate_cpu_s``: what the
+command takes from other work on a loaded machine); and the ratios.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -27,10 +30,16 @@ RESULTS = Path(__file__).resolve().parent / "results" / "startup"
 TRAIN_ARGS = "--env=CartPole-v1 --train_for_env_steps=4096"
 
 
-def timed(command: list[str], source: Path | None) -> tuple[float, float | None]:
-    """Seconds to the end of the command's output, and to its first status line that shows trained env steps."""
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(command: list[str], source: Path | None) -> tuple[float, float | None, float]:
+    """Seconds to the end of the command's output, to its first status line that shows trained env steps, and the
+    CPU seconds of its processes (those reaped by the command's tree: its components through the fork server)."""
     env = os.environ if source is None else {**os.environ, "PYTHONPATH": str(source / PACKAGE_LINKS)}
-    started, first_steps = time.perf_counter(), None
+    started, first_steps, cpu_before = time.perf_counter(), None, children_cpu_seconds()
     # In the checkout's directory: ``-m`` puts the working directory first on the path, before PYTHONPATH.
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=source
@@ -43,17 +52,23 @@ def timed(command: list[str], source: Path | None) -> tuple[float, float | None]
     ended = time.perf_counter() - started
     if process.wait() != 0:
         sys.exit(f"benchmarks.startup: {' '.join(command)} failed:\n{''.join(output[-20:])}")
-    return ended, first_steps
+    return ended, first_steps, children_cpu_seconds() - cpu_before
 
 
 def one_side(source: Path | None, train_args: list[str], train_dir: Path) -> dict[str, float]:
     python = [sys.executable, "-m"]
     common = [f"--train_dir={train_dir}", "--experiment=startup"]
-    train_s, to_training_s = timed(
+    train_s, to_training_s, train_cpu_s = timed(
         [*python, "sfengine.train", *train_args, *common, "--restart_behavior=overwrite"], source
     )
-    evaluate_s, _ = timed([*python, "sfengine.evaluate", *common, "--eval_episodes=8"], source)
-    return {"train_s": train_s, "to_training_s": to_training_s, "evaluate_s": evaluate_s}
+    evaluate_s, _, evaluate_cpu_s = timed([*python, "sfengine.evaluate", *common, "--eval_episodes=8"], source)
+    return {
+        "train_s": train_s,
+        "to_training_s": to_training_s,
+        "evaluate_s": evaluate_s,
+        "train_cpu_s": train_cpu_s,
+        "evaluate_cpu_s": evaluate_cpu_s,
+    }
 
 
 def main() -> None:
@@ -87,10 +102,14 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "startup.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = ["| | train (to the end of its output) | to the first trained steps | evaluate |", "|---|---|---|---|"]
+    keys = ("train_s", "to_training_s", "evaluate_s", "train_cpu_s", "evaluate_cpu_s")
+    lines = [
+        "| | train (to the end of its output) | to the first trained steps | evaluate | train CPU | evaluate CPU |",
+        "|---|---|---|---|---|---|",
+    ]
     for side, row in medians.items():
-        lines.append(f"| {side} | {row['train_s']:.2f} s | {row['to_training_s']:.2f} s | {row['evaluate_s']:.2f} s |")
-    lines.append(f"| ratio | {ratios['train_s']} | {ratios['to_training_s']} | {ratios['evaluate_s']} |")
+        lines.append(f"| {side} | " + " | ".join(f"{row[key]:.2f} s" for key in keys) + " |")
+    lines.append("| ratio | " + " | ".join(str(ratios[key]) for key in keys) + " |")
     print("\n".join(lines))
 
 

@@ -3,8 +3,8 @@
 Public entry points: ``python -m sfengine.train``, ``sfengine.register_env``, ``sfengine.register_model`` and
 ``sfengine.register_algorithm`` (with ``Algorithm`` and the ``Trainer`` base).
 
-The names below are imported when first used, not with the package: ``python -m sfengine.train`` starts its fork
-server before torch is imported (``sfengine.engine.fork_server.start_early``), and importing them means torch.
+The names below are imported when first used, not with the package: ``python -m sfengine.train`` reads its options
+before torch is imported (``sfengine.config.check_command_line``), and importing them means torch.
 """
 
 from __future__ import annotations

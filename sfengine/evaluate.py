@@ -27,8 +27,8 @@ from sfengine.engine.fork_server import start_early
 from sfengine.evaluation.options import EvaluateOptions, evaluate_parser
 
 if __name__ == "__main__":
-    # --help and a misspelt option are answered from the option names (sfengine.train's way); then the fork server
-    # imports torch for the components while this process imports it for itself, side by side.
+    # --help and a misspelt option are answered from the option names (sfengine.train's way); then this process
+    # imports torch and forks the server that starts the workers from itself.
     check_command_line(sys.argv[1:], "sfengine.evaluate", evaluate_parser())
     start_early(sys.argv[1:])
 
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         relayout(cfg, given=set(vars(parser.parse_args(rest))))
         checkpoint = resolve_checkpoint(cfg, options)
         if not cfg.sampler.serial_mode:
-            component_context()  # the fork server imports torch for the workers while this process goes on
+            component_context()  # the fork server, if the command's start did not fork it (main() called by a script)
         factory = resolve_env_factory(cfg.env.env)
         obs_spec, action_spec, tasks = probe_env(cfg, factory)
         if options.video_per_task:

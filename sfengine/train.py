@@ -12,8 +12,8 @@ from sfengine.config import check_command_line
 from sfengine.engine.fork_server import start_early
 
 if __name__ == "__main__":
-    # --help and a misspelt option are answered from the option names, in a fraction of a second; then the fork
-    # server imports torch for the components while this process imports it for itself, side by side.
+    # --help and a misspelt option are answered from the option names, in a fraction of a second; then this process
+    # imports torch and the components' modules, and forks the server that starts the components from itself.
     check_command_line(sys.argv[1:], "sfengine.train")
     start_early(sys.argv[1:])
 
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_config(argv)
         if not cfg.sampler.serial_mode:
-            component_context()  # the fork server imports torch for the components while this process goes on
+            component_context()  # the fork server, if the command's start did not fork it (main() called by a script)
         factory = resolve_env_factory(cfg.env.env)
         step_sec: list[float] = []
 

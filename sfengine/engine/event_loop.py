@@ -25,7 +25,7 @@ import torch
 from signal_slot.signal_slot import EventLoop, EventLoopObject, EventLoopProcess
 
 from sfengine.engine.distributed import RankInfo
-from sfengine.engine.fork_server import leave_fork_server, parent_of_components, stop_fork_server
+from sfengine.engine.fork_server import leave_fork_server, name_this_process, parent_of_components, stop_fork_server
 
 EMIT_TIMEOUT_SEC = 60.0
 
@@ -208,15 +208,7 @@ def process_alive(pid: int) -> bool:
 
 def set_process_title(name: str) -> None:
     """Show components as sfe-rollout-0, sfe-inference-0, sfe-learner in top, ps and psutil (Linux only)."""
-    title = "sfe-" + name.removesuffix("_process").replace("_worker", "").replace("_", "-")
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        pr_set_name = 15
-        libc.prctl(pr_set_name, title.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    name_this_process("sfe-" + name.removesuffix("_process").replace("_worker", "").replace("_", "-"))
 
 
 def ignore_interrupts() -> None:

@@ -72,9 +72,9 @@ def test_the_package_imports_without_torch_and_its_public_names_on_first_use():
 
 
 def test_a_command_refused_at_once_leaves_no_fork_server_behind(tmp_path):
-    # The server starts before the command parses its options; bad input ends the command within a second or two,
-    # while the server may still be importing torch: the command stops it, rather than leave it to end by itself,
-    # holding the command's output open meanwhile. (Output to a file: a pipe would wait for the server.)
+    # The server is forked before the command parses its options; bad input ends the command within a second or
+    # two: the command stops it, rather than leave it to end by itself, holding the command's output open
+    # meanwhile. (Output to a file: a pipe would wait for the server.)
     mark = {"SFENGINE_TEST_MARK": str(tmp_path)}  # the server inherits the command's environment
     with open(tmp_path / "err", "w") as err:
         command = [sys.executable, "-m", "sfengine.train", "--env=no_such_env"]
@@ -84,12 +84,25 @@ def test_a_command_refused_at_once_leaves_no_fork_server_behind(tmp_path):
     for process in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
             if process.environ().get("SFENGINE_TEST_MARK") == mark["SFENGINE_TEST_MARK"]:
-                left.append((process, " ".join(process.cmdline())[:200]))
+                left.append((process, f"{process.name()}: {' '.join(process.cmdline())[:200]}"))
     assert [command for _, command in left if "forkserver" in command] == []
     # multiprocessing's resource tracker ends by itself once the command has (a moment later on a busy machine).
     _, alive = psutil.wait_procs([process for process, _ in left], timeout=10)
     assert alive == []
     assert returncode == 2 and "unknown env 'no_such_env'" in (tmp_path / "err").read_text()
+
+
+def test_a_run_imports_torch_once_however_many_processes_it_starts(tmp_path):
+    # The command imports torch and forks the fork server from itself, which forks the components: none of them
+    # imports it again (a spawned server did, 2.5 s of CPU a run). -X importtime reaches every interpreter a run
+    # starts (multiprocessing passes the flag on), and each prints a line for every module it imports.
+    command = [sys.executable, "-X", "importtime", "-m", "sfengine.train", "--env=CartPole-v1"]
+    command += ["--train_for_env_steps=2048", f"--train_dir={tmp_path}", "--experiment=once"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    torch_imports = [line for line in result.stderr.splitlines() if line.split("|")[-1].strip() == "torch"]
+    assert len(torch_imports) == 1, torch_imports
+    assert "reached 2048 env steps" in result.stdout
 
 
 @pytest.mark.parametrize(
