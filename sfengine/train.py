@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import sys
 
-from sfengine.config import check_command_line
+from sfengine.config import check_command_line, check_option_values
 from sfengine.engine.fork_server import start_early
 
 if __name__ == "__main__":
-    # --help and a misspelt option are answered from the option names, in a fraction of a second; then this process
-    # imports torch and the components' modules, and forks the server that starts the components from itself.
+    # --help, a misspelt option and a bad value are answered from the declarations and rules alone, in a fraction of
+    # a second; then this process imports torch and the components' modules, and forks the server that starts the
+    # components from itself.
     check_command_line(sys.argv[1:], "sfengine.train")
+    check_option_values(sys.argv[1:], "sfengine.train")
     start_early(sys.argv[1:])
 
 import contextlib

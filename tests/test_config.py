@@ -151,6 +151,29 @@ def test_help_and_a_misspelt_option_are_answered_before_torch_is_imported(tmp_pa
     assert f"{command}: error: unknown option --num_worker=2 (did you mean --num_workers?)" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--algo=sac", "--replay_size=-1"], "--replay_size=-1 must hold at least one trajectory"),
+        (["--clip_mode=ppo"], "--clip_mode='ppo' is not one of ppo_clip, soft_clip, sapo, ce_gppo, cispo"),
+        (["--advantage=rloo", "--task_group_size=1"], "--task_group_size=1 makes groups of one"),
+    ],
+)
+def test_a_value_that_breaks_a_rule_is_answered_before_torch_is_imported(tmp_path, args, message):
+    # The rules (an algorithm's, the clip modes' and group advantages' names) need no torch either: the one line
+    # comes in a fraction of a second, not after the seconds a run's start takes.
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "sfengine.train", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    modules = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time")}
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("import time")]
+    assert result.returncode == 2 and "torch" not in modules, result.stderr[-500:]
+    assert len(errors) == 1 and errors[0].startswith("sfengine.train: error: ") and message in errors[0], errors
+
+
 def test_help_works_outside_the_repository(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "sfengine.train", "--help"], cwd=tmp_path, capture_output=True, text=True

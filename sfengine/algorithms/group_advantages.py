@@ -18,6 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from sfengine.algorithms.ppo.options import GROUP_ADVANTAGE_NAMES
+
 GroupAdvantageFn = Callable[[Tensor], Tensor]
 GROUP_ADVANTAGES: dict[str, GroupAdvantageFn] = {}
 GRPO_EPS = 1e-6
@@ -26,6 +28,8 @@ GRPO_EPS = 1e-6
 def register_group_advantage(name: str, fn: GroupAdvantageFn) -> None:
     """Make ``fn`` available as ``--advantage=name``."""
     GROUP_ADVANTAGES[name] = fn
+    if name not in GROUP_ADVANTAGE_NAMES:
+        GROUP_ADVANTAGE_NAMES.append(name)
 
 
 def _check_groups(outcomes: Tensor) -> None:

@@ -57,6 +57,7 @@ from sfengine.config.parsing import (
     add_option_group,
     build_parser,
     check_command_line,
+    check_option_values,
     command_options,
     parse_config,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "auto_options",
     "build_parser",
     "check_command_line",
+    "check_option_values",
     "check_group_layout",
     "command_options",
     "declare_env_options",

@@ -129,6 +129,20 @@ def check_command_line(argv: list[str], command: str, parser: argparse.ArgumentP
         raise SystemExit(2) from None
 
 
+def check_option_values(argv: list[str], command: str) -> None:
+    """Answer a value that breaks a rule (``--replay_size=-1``), a preset or saved run that does not fit, with its
+    one line and exit 2, before ``python -m sfengine.train`` imports torch: ``parse_config`` reads no more than the
+    option declarations, the presets and config files, and the algorithms' rules, none of which needs it. Anything
+    else that fails here is left to the command's ``main``, which reads the options again and reports it."""
+    try:
+        parse_config(argv)
+    except ConfigError as exc:
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception:  # noqa: BLE001  (main() meets it again, where the command reports its failures)
+        return
+
+
 def parse_config(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> Config:
     """Parse the command line into a validated Config. Raises ConfigError on bad input."""
     parser = parser or build_parser()

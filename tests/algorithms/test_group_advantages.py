@@ -5,7 +5,16 @@ import math
 import pytest
 import torch
 
-from sfengine.algorithms.group_advantages import GROUP_ADVANTAGES, episode_step_weights, grpo, rloo, uniform_groups
+from sfengine.algorithms.group_advantages import (
+    GROUP_ADVANTAGES,
+    episode_step_weights,
+    grpo,
+    register_group_advantage,
+    rloo,
+    uniform_groups,
+)
+from sfengine.algorithms.ppo.options import GROUP_ADVANTAGE_NAMES
+from sfengine.config import ConfigError, parse_config
 
 
 def test_rloo_subtracts_the_mean_of_the_other_episodes():
@@ -41,6 +50,20 @@ def test_groups_of_one_episode_are_refused(shape):
 
 def test_the_estimators_are_registered_by_name():
     assert GROUP_ADVANTAGES["rloo"] is rloo and GROUP_ADVANTAGES["grpo"] is grpo
+    # The names the option check reads without torch are those that have a function, no more and no fewer.
+    assert GROUP_ADVANTAGE_NAMES == list(GROUP_ADVANTAGES)
+
+
+def test_an_estimator_registered_by_name_is_taken_by_the_option_check():
+    args = ["--advantage=median_baseline", "--task_group_size=4"]
+    with pytest.raises(ConfigError, match="is not one of gae, vtrace, rloo, grpo"):
+        parse_config(args)
+    register_group_advantage("median_baseline", lambda outcomes: outcomes - outcomes.median(dim=1, keepdim=True).values)
+    try:
+        assert parse_config(args).options_group("ppo").advantage == "median_baseline"
+    finally:
+        GROUP_ADVANTAGES.pop("median_baseline")
+        GROUP_ADVANTAGE_NAMES.remove("median_baseline")
 
 
 def test_episode_weights_give_every_episode_the_same_total_weight_whatever_its_length():

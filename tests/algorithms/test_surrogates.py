@@ -152,6 +152,17 @@ def extending_clip_mode() -> str:
     return example
 
 
+def test_the_clip_modes_the_option_check_knows_are_those_with_a_function_and_bring_their_target_kl():
+    # The option check reads the names and target KLs without torch (sfengine.algorithms.ppo.options).
+    from sfengine.algorithms.ppo.options import SURROGATE_TARGET_KL
+    from sfengine.algorithms.ppo.surrogates import SURROGATES
+
+    assert list(SURROGATE_TARGET_KL) == list(SURROGATES) == ["ppo_clip", "soft_clip", "sapo", "ce_gppo", "cispo"]
+    assert SURROGATE_TARGET_KL["ppo_clip"] == 0 and {SURROGATE_TARGET_KL[mode] for mode in list(SURROGATES)[1:]} == {
+        0.01
+    }
+
+
 def test_the_documented_clip_mode_registers_and_computes_its_own_loss():
     from sfengine.algorithms.ppo.surrogates import SURROGATE_TARGET_KL, SURROGATES
 

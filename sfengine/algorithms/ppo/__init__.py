@@ -7,7 +7,7 @@ state). The update is ``trainer.PPOTrainer``; the math is in ``loss`` and ``surr
 from __future__ import annotations
 
 from sfengine.algorithms import GROUPS, TRAJECTORIES, Algorithm, imported_on_call, register_algorithm
-from sfengine.algorithms.ppo.options import PPOOptions
+from sfengine.algorithms.ppo.options import GROUP_ADVANTAGE_NAMES, SURROGATE_TARGET_KL, PPOOptions
 from sfengine.config import Config, ConfigError
 
 CRITIC_ADVANTAGES = ("gae", "vtrace")
@@ -24,17 +24,15 @@ def group_advantages(cfg: Config) -> bool:
 
 
 def validate(cfg: Config) -> None:
-    # The registries hold torch functions: read here, after the command line's option names (and --help).
-    from sfengine.algorithms.group_advantages import GROUP_ADVANTAGES
-
     advantage = ppo_options(cfg).advantage
     if cfg.model.policy_head == "flow":
         raise ConfigError(
             "--policy_head=flow has no likelihood, which PPO's ratio needs: train it with --algo=flow_sar"
         )
-    if advantage not in (*CRITIC_ADVANTAGES, *GROUP_ADVANTAGES):
+    advantages = [*CRITIC_ADVANTAGES, *GROUP_ADVANTAGE_NAMES]
+    if advantage not in advantages:
         raise ConfigError(
-            f"--advantage={advantage!r} is not one of {', '.join([*CRITIC_ADVANTAGES, *GROUP_ADVANTAGES])}; register a "
+            f"--advantage={advantage!r} is not one of {', '.join(advantages)}; register a "
             "new one with sfengine.algo.register_group_advantage"
         )
     grouped = group_advantages(cfg)
@@ -68,11 +66,9 @@ def validate(cfg: Config) -> None:
 
 
 def validate_policy_loss(policy: PPOOptions) -> None:
-    from sfengine.algorithms.ppo.surrogates import SURROGATES
-
-    if policy.clip_mode not in SURROGATES:
+    if policy.clip_mode not in SURROGATE_TARGET_KL:
         raise ConfigError(
-            f"--clip_mode={policy.clip_mode!r} is not one of {', '.join(SURROGATES)}; register a new one with "
+            f"--clip_mode={policy.clip_mode!r} is not one of {', '.join(SURROGATE_TARGET_KL)}; register a new one with "
             "sfengine.algo.register_surrogate"
         )
     for name in ("soft_clip_alpha", "ce_gppo_beta_low", "ce_gppo_beta_high", "cispo_eps_high"):
@@ -92,8 +88,6 @@ def validate_policy_loss(policy: PPOOptions) -> None:
 
 def defaults(cfg: Config, given: set[str]) -> None:
     """A clip mode's own trust region: its --target_kl (``register_surrogate``), unless the run sets one."""
-    from sfengine.algorithms.ppo.surrogates import SURROGATE_TARGET_KL
-
     if "target_kl" not in given:
         ppo_options(cfg).target_kl = SURROGATE_TARGET_KL.get(ppo_options(cfg).clip_mode, 0.0)
 

@@ -31,6 +31,22 @@ class SurrogateParams(NamedTuple):
 
 PUBLISHED = SurrogateParams()  # the clip modes' published parameters
 
+# Every --clip_mode by name, with the --target_kl its runs take when they set none (its own trust region): the
+# built-in modes here, so that a command checks its options before it imports torch; their functions are in
+# sfengine.algorithms.ppo.surrogates, whose ``register_surrogate`` adds a user's mode to both. ppo_clip's clip
+# bounds each step already; the others keep a gradient outside their range or have no hard range, and with policy
+# lag a batch can move them far (CartPole, asynchronous, 1e-3: approx KL jumped to 0.3-1.1 and they collapsed to
+# return 9). At 0.01 every run of the four crossed 400 within 216k steps and ended at 500; at 0.02 cispo fell after
+# crossing in 2 of 10 seeds, at 0.03 three modes in 1 of 5 (benchmarks/README.md, "Clip modes alone").
+MODE_TARGET_KL = 0.01
+SURROGATE_TARGET_KL: dict[str, float] = {
+    "ppo_clip": 0.0,
+    **dict.fromkeys(("soft_clip", "sapo", "ce_gppo", "cispo"), MODE_TARGET_KL),
+}
+# Every critic-free --advantage by name, the same way: the built-in ones here, their functions and a user's in
+# sfengine.algorithms.group_advantages (``register_group_advantage``).
+GROUP_ADVANTAGE_NAMES: list[str] = ["rloo", "grpo"]
+
 
 @dataclass
 class PPOOptions:

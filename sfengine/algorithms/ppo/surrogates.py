@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from sfengine.algorithms.ppo.options import SurrogateParams
+from sfengine.algorithms.ppo.options import MODE_TARGET_KL, SURROGATE_TARGET_KL, SurrogateParams
 
 
 class Surrogate(NamedTuple):
@@ -39,15 +39,6 @@ SURROGATES: dict[str, SurrogateFn] = {}
 # A sapo gate is saturated where its slope 4 s (1 - s) (1 at r = 1, PPO's gradient) is below this: the sample then
 # moves the policy at less than a tenth of the rate PPO would.
 SAPO_SATURATED_SLOPE = 0.1
-
-
-# The --target_kl a mode runs with when the run sets none (its own trust region): ppo_clip's clip bounds each
-# step already; the others keep a gradient outside their range or have no hard range, and with policy lag a batch
-# can move them far (CartPole, asynchronous, 1e-3: approx KL jumped to 0.3-1.1 and they collapsed to return 9).
-# At 0.01 every run of the four crossed 400 within 216k steps and ended at 500; at 0.02 cispo fell after crossing
-# in 2 of 10 seeds, at 0.03 three modes in 1 of 5 (benchmarks/README.md, "Clip modes alone").
-SURROGATE_TARGET_KL: dict[str, float] = {}
-MODE_TARGET_KL = 0.01
 
 
 def register_surrogate(name: str, fn: SurrogateFn, target_kl: float = 0.0) -> None:
