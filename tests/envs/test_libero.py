@@ -138,17 +138,17 @@ def test_training_on_libero_spatial_runs_end_to_end(train_dir):
         "libero",
         "--env=libero_spatial",
         "--num_workers=2",
-        "--num_envs_per_worker=2",
-        "--worker_num_splits=2",
+        "--num_envs_per_worker=1",
+        "--worker_num_splits=1",
         "--batch_size=256",
         "--num_batches_per_epoch=1",
-        "--train_for_env_steps=1024",
+        "--train_for_env_steps=512",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "libero")
-    assert summary["env_steps"] >= 1024 and summary["fps"] > 0
+    assert summary["env_steps"] >= 512 and summary["fps"] > 0
     assert 5 < summary["env_step_ms"] < 500 and summary["env_reset_ms"] > summary["env_step_ms"]
-    # 220-step episodes, 256 steps on each of 4 envs: every env finished one, each on a task of the suite.
+    # 220-step episodes, 256 steps on each of 2 envs: each env finished one, on a task of the suite.
     assert summary["per_task_success"]
     assert all(name.startswith("pick_up_the_black_bowl") for name in summary["per_task_success"])
     # The status lines while the simulators are built, before any episode or update: "-" for what is not yet
