@@ -174,6 +174,24 @@ def test_a_value_that_breaks_a_rule_is_answered_before_torch_is_imported(tmp_pat
     assert len(errors) == 1 and errors[0].startswith("sfengine.train: error: ") and message in errors[0], errors
 
 
+def test_what_reading_the_options_prints_comes_once_and_before_the_error(tmp_path):
+    # The options are read twice, before torch and again by the run; a saved run's retired option is named once.
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text(json.dumps({"learner": {"an_option_since_removed": 1}}))
+    command = [sys.executable, "-m", "sfengine.train", f"--train_dir={tmp_path}", "--experiment=old"]
+    result = subprocess.run([*command, "--algo=sac", "--replay_size=-1"], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.count("ignoring an_option_since_removed") == 1, result.stderr
+    assert result.stderr.splitlines()[-1].startswith("sfengine.train: error: --replay_size=-1"), result.stderr
+
+
+@pytest.mark.slow
+def test_what_reading_the_options_prints_comes_once_in_a_run(tmp_path, train_dir):
+    (train_dir / "old").mkdir(parents=True)
+    (train_dir / "old" / "config.json").write_text(json.dumps({"learner": {"an_option_since_removed": 1}}))
+    result = run_train(train_dir, "old", "--env=CartPole-v1", "--train_for_env_steps=512", "--rollout=16")
+    assert result.returncode == 0 and result.stderr.count("ignoring an_option_since_removed") == 1, result.stderr
+
+
 def test_help_works_outside_the_repository(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "sfengine.train", "--help"], cwd=tmp_path, capture_output=True, text=True

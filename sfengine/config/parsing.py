@@ -5,7 +5,9 @@ preset or the saved run, ``--init_from``'s architecture, ``--cfg`` and the comma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import io
 import sys
 from typing import Any
 
@@ -133,11 +135,15 @@ def check_option_values(argv: list[str], command: str) -> None:
     """Answer a value that breaks a rule (``--replay_size=-1``), a preset or saved run that does not fit, with its
     one line and exit 2, before ``python -m sfengine.train`` imports torch: ``parse_config`` reads no more than the
     option declarations, the presets and config files, and the algorithms' rules, none of which needs it. Anything
-    else that fails here is left to the command's ``main``, which reads the options again and reports it."""
+    else that fails here is left to the command's ``main``, which reads the options again and reports it, and what
+    the reading prints on the way (a saved run's retired options) is printed there, once (here only before its
+    error)."""
+    printed = io.StringIO()
     try:
-        parse_config(argv)
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            parse_config(argv)
     except ConfigError as exc:
-        print(f"{command}: error: {exc}", file=sys.stderr)
+        print(f"{printed.getvalue()}{command}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     except Exception:  # noqa: BLE001  (main() meets it again, where the command reports its failures)
         return
