@@ -97,8 +97,6 @@ def start_early(argv: list[str]) -> None:
         return
     for name in PRELOADED_MODULES:
         __import__(name)
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOADED_MODULES)
     fork_server_from_here(multiprocessing.forkserver._forkserver)
 
 
