@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from helpers import read_summary, registered_base, run_train
+from helpers import reached_target, read_summary, registered_base, run_train
 from sfengine.algorithms import algorithm_for
 from sfengine.algorithms.offpolicy.residual import load_base
 from sfengine.algorithms.offpolicy.trainer import random_shift
@@ -164,19 +164,22 @@ def test_a_residual_over_an_image_policy_starts_at_its_actions_and_learns_with_t
 def test_sac_learns_image_reach_from_its_pixels_in_multi_process_mode(train_dir):
     # The goal is only in the 12 x 12 image: uniformly random actions succeed 3% of the time and the best policy
     # blind to it about 30% (envs/image_reach.py). Gamma 0.9: at 0.99 a failed episode's truncation bootstraps to
-    # values near 1 and reaching in 5 steps or 6 differs by 1% (the same seed passed 0.8 at 6.1k in one run and
-    # never passed 0.6 in 12k in another, CI's run included). With these settings seeds 1-4 passed 0.8 at 2.9k,
-    # 4.0k, 4.0k and 3.3k env steps (59-80 s each alone on 2 cores; benchmarks/README.md).
-    args = ["--algo=sac", "--env=image_reach", "--seed=1", "--gamma=0.9", "--learning_starts=1000"]
+    # values near 1 and reaching in 5 steps or 6 differs by 1%. The rollout worker acts itself and waits for each
+    # update, so a seed's run repeats to the bit on one machine (the inference worker batched the envs' requests as
+    # they came: seed 1 passed 0.8 at 2.9k env steps in one run and 5.1k in another, 59-250 s). With these settings
+    # seeds 1-4 passed 0.8 at 5.1k, 4.4k, 6.9k and 4.7k env steps (125-200 s each alone on 2 cores; the learner sets
+    # the pace, and the position's MLP at 64-64 makes its step 0.7x SAC's 256-256: benchmarks/README.md); the test
+    # asks it within 8k.
+    args = ["--algo=sac", "--env=image_reach", "--seed=2", "--gamma=0.9", "--learning_starts=1000"]
     args += ["--train_for_env_steps=8000", "--stop_at_success=0.8", "--stats_window=50", "--batch_size=128"]
-    args += ["--learner_threads=1"]
+    args += ["--learner_threads=1", "--hidden_sizes=64,64"]
     # The layout the cheap-env rule gives it, given: under a loaded machine's timing the rule could choose another.
     args += ["--num_workers=1", "--num_envs_per_worker=4", "--async_rl=false", "--rollout=16"]
-    args += ["--critic_layer_norm=false"]
+    args += ["--num_inference_workers=0", "--critic_layer_norm=false"]
     result = run_train(train_dir, "sac_image_reach", *args)
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = read_summary(train_dir, "sac_image_reach")
-    assert summary["success_rate"] >= 0.8, summary
+    # Stopped by a full window of 50 episodes at 0.8 (the summary's window may have moved on by a few since).
+    assert reached_target(read_summary(train_dir, "sac_image_reach"), "stop_at_success=0.8")
 
 
 @pytest.mark.slow

@@ -414,7 +414,8 @@ FLAKY_LIBERO_SCRIPT = textwrap.dedent(
 def test_a_libero_env_that_raises_mid_episode_is_rebuilt_and_the_run_finishes(tmp_path, train_dir):
     script = tmp_path / "flaky_libero.py"
     script.write_text(FLAKY_LIBERO_SCRIPT)
-    args = ["--env=flaky_libero", "--num_workers=1", "--num_envs_per_worker=2", "--max_episode_steps=40"]
+    # One task: each env builds its simulator once, and again when it is rebuilt (each task switch would build one).
+    args = ["--env=flaky_libero", "--tasks=0", "--num_workers=1", "--num_envs_per_worker=2", "--max_episode_steps=40"]
     args += ["--rollout=32", "--batch_size=256", "--num_batches_per_epoch=1", "--train_for_env_steps=768"]
     command = [sys.executable, str(script), *train_command(train_dir, "flaky", *args)[3:]]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)

@@ -3,7 +3,9 @@
 Each run takes 10-40 s on 2 cores. Thresholds leave margin below what the presets reach (CartPole: above 400
 after 85-210k steps, 500 at 300k; Pendulum: about -200 by 300k steps, against about -1200 for a random policy;
 asserted: -400). Most runs stop at their threshold (``--stop_at_return``, ``--stop_at_success``: the mean of a
-full window of 100 episodes), as a user stops a run that solved its env; the env-step limit is the bound.
+full window of 100 episodes, or of 20 where the test asks only that a layout learns: at 20 CartPole seeds 1 and 2
+stopped at 66k and 68k env steps, at 100 at 153k and 82k), as a user stops a run that solved its env; the env-step
+limit is the bound.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ RLOO_STEPS = 60_000  # it crosses 0.9 near 50k steps (from 0.17 at random)
     ],
 )
 def test_cartpole_reaches_400_within_300k_steps_in_every_layout(train_dir, mode):
-    args = ["--cfg=cartpole", "--train_for_env_steps=300000", "--stop_at_return=400", *mode]
+    args = ["--cfg=cartpole", "--train_for_env_steps=300000", "--stop_at_return=400", "--stats_window=20", *mode]
     result = run_train(train_dir, "cartpole", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "cartpole")
@@ -89,6 +91,7 @@ def test_a_synchronous_run_repeats_its_weights_to_the_bit(train_dir, layout):
 
 def test_synchronous_mode_is_on_policy_and_learns(train_dir):
     args = ["--cfg=cartpole", "--async_rl=false", "--train_for_env_steps=300000", "--stop_at_return=400"]
+    args += ["--stats_window=20"]
     result = run_train(train_dir, "sync", *args)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_summary(train_dir, "sync")
