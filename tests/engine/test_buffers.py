@@ -97,14 +97,15 @@ def _publish_alternating(weights: SharedWeights, model: ActorCritic, times: int)
 @pytest.mark.slow
 def test_a_pull_during_publishes_never_mixes_two_versions():
     # Every publish fills every tensor with its version number: a pull that copied half of one publish and half
-    # of the next would hold two different values, or a version that does not match them.
+    # of the next would hold two different values, or a version that does not match them. (300 publishes: a pull
+    # that skips its sequence check, or a publish that does not end its write, fails within them.)
     ctx = multiprocessing.get_context("spawn")
     model = ActorCritic(OBS, DISCRETE, Config().model)
     with torch.no_grad():
         for t in model.state_dict().values():
             t.zero_()  # version 0
     weights = SharedWeights.allocate(model)
-    publisher = ctx.Process(target=_publish_alternating, args=(weights, model, 3000))
+    publisher = ctx.Process(target=_publish_alternating, args=(weights, model, 300))
     publisher.start()
     reader = ActorCritic(OBS, DISCRETE, Config().model)
     pulls = set()
