@@ -51,7 +51,7 @@ from sfengine.engine.checkpoint import CheckpointError, list_checkpoints, load_c
 from sfengine.engine.cpu_threads import set_cpu_threads
 from sfengine.engine.distributed import RankInfo
 from sfengine.engine.event_loop import end_process_now, start_command
-from sfengine.engine.fork_server import component_context
+from sfengine.engine.fork_server import component_context, stops_its_fork_server
 from sfengine.engine.messages import EpisodeStats
 from sfengine.engine.sizing import Machine, resolve_auto_options
 from sfengine.env.multitask import TaskInfo
@@ -203,6 +203,7 @@ def gather_episodes(episodes: list[EpisodeStats], ranks: RankInfo) -> list[Episo
     return [episode for rank_episodes in gathered for episode in rank_episodes]
 
 
+@stops_its_fork_server
 def main(argv: list[str] | None = None) -> int:
     ranks = RankInfo.from_environment()
     start_command()

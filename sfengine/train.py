@@ -53,7 +53,7 @@ from sfengine.engine.checkpoint import (
 )
 from sfengine.engine.distributed import RankInfo
 from sfengine.engine.event_loop import end_process_now, start_command
-from sfengine.engine.fork_server import component_context
+from sfengine.engine.fork_server import component_context, stops_its_fork_server
 from sfengine.engine.sizing import SAMPLER_LAYOUT, Machine, env_step_seconds, resolve_auto_options
 from sfengine.env.check import EnvAPIError, EnvHang, check_env_api, first_line, time_limit
 from sfengine.env.multitask import TaskInfo, selected_init_states, task_info
@@ -385,6 +385,7 @@ def inference_dtype_warning(cfg: Config, obs_spec: ObsSpec) -> str | None:
     return None
 
 
+@stops_its_fork_server
 def main(argv: list[str] | None = None) -> int:
     ranks = RankInfo.from_environment()
     start_command()

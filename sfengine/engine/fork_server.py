@@ -9,6 +9,7 @@ command reads its options before torch is imported.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -17,6 +18,7 @@ import socket
 import sys
 import threading
 import types
+from collections.abc import Callable
 from multiprocessing import connection, resource_tracker, util
 
 # What the fork server imports once for every component it starts: torch and the components' own modules.
@@ -73,6 +75,23 @@ def stop_fork_server() -> None:
         os.waitpid(server._forkserver_pid, 0)
         os.close(server._forkserver_alive_fd)
         server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+
+
+def stops_its_fork_server(main: Callable[..., int]) -> Callable[..., int]:
+    """A command's ``main``, ending the fork server it started however it returns. A start refused (bad input) or
+    interrupted (Ctrl-C in the env's check) returns before any run could stop the server, and a user's script that
+    calls ``main()`` has no ``end_process_now`` after it: the spawned server, still importing torch for seconds on a
+    loaded machine, then outlived the command, holding its stdout and stderr open, so that whatever read them to
+    their end (``tee``, a test's ``communicate``) waited for it."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        finally:
+            stop_fork_server()
+
+    return wrapped
 
 
 def leave_fork_server() -> None:
