@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -197,19 +198,34 @@ def test_a_step_of_the_old_gym_api_stops_the_run_before_it_starts(tmp_path):
     assert not (tmp_path / "old").exists()
 
 
+def interruptible_by_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_in_the_check_of_an_env_that_never_returns_is_one_line(tmp_path):
     # The check plays one step in the main process: an env that never returns from it held the run there, and
     # Ctrl-C gave a KeyboardInterrupt traceback.
     script = tmp_path / "hanging.py"
     script.write_text(BROKEN_ENV_SCRIPT)
     command = [sys.executable, str(script), "--env=hanging", "--experiment=hangs", f"--train_dir={tmp_path}"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as a terminal's foreground job gets it: SIGINT neither ignored nor blocked, whatever this pytest
+    # inherited (a suite started in the background by a non-interactive shell ignores SIGINT, and so did the
+    # command, which then slept on in its env's step: the test failed so in two such suites).
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible_by_ctrl_c
+    )
     deadline = time.time() + 60
     while not (tmp_path / "in_step").exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.1)
     servers = [p for p in psutil.Process(process.pid).children() if "forkserver" in " ".join(p.cmdline())]
     process.send_signal(signal.SIGINT)
-    process.wait(timeout=60)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        status = Path(f"/proc/{process.pid}/status").read_text().splitlines()
+        process.kill()
+        pytest.fail(f"no exit 60 s after SIGINT: {[line for line in status if line.startswith(('Sig', 'Shd'))]}")
     # The script's fork server (spawned: main() called by a script) ended with it. Left to end by itself, it was
     # still importing torch and held the script's output open: this test's read of it waited past 60 s in the suite.
     assert servers and not [server for server in servers if server.is_running()]
