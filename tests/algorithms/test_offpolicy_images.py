@@ -166,7 +166,7 @@ def test_sac_learns_image_reach_from_its_pixels_in_multi_process_mode(train_dir)
     # blind to it about 30% (envs/image_reach.py). Gamma 0.9: at 0.99 a failed episode's truncation bootstraps to
     # values near 1 and reaching in 5 steps or 6 differs by 1%. The rollout worker acts itself and waits for each
     # update, so a seed's run repeats to the bit on one machine (the inference worker batched the envs' requests as
-    # they came: seed 1 passed 0.8 at 2.9k env steps in one run and 5.1k in another, 59-250 s). With these settings
+    # they came: seed 1 passed 0.8 at 2.9k env steps in one run and 5.1k in another, 59-153 s). With these settings
     # seeds 1-4 passed 0.8 at 5.1k, 4.4k, 6.9k and 4.7k env steps (125-200 s each alone on 2 cores; the learner sets
     # the pace, and the position's MLP at 64-64 makes its step 0.7x SAC's 256-256: benchmarks/README.md); the test
     # asks it within 8k.
