@@ -7,6 +7,7 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -129,8 +130,15 @@ RECORDING_SCRIPT = textwrap.dedent(
 
 def reached_target(summary: dict, target: str) -> bool:
     """Whether the run stopped because its target (``stop_at_return=400``, ``stop_at_success=0.9``) was reached,
-    a full stats window at or above it, rather than at its env-step limit."""
-    return (summary.get("stop_reason") or "").endswith(f"reached --{target}")
+    a full stats window at or above it, rather than at its env-step limit; and the summary reports the window that
+    reached it (the mean in the stop reason), not one moved on by the episodes that finished while the run stopped."""
+    reason = summary.get("stop_reason") or ""
+    if not reason.endswith(f"reached --{target}"):
+        return False
+    name, mean = re.search(r"the mean (return|success) of the last \d+ episodes, (\S+), reached", reason).groups()
+    summarised = summary["episode_return_mean" if name == "return" else "success_rate"]
+    assert f"{summarised:.{1 if name == 'return' else 3}f}" == mean, (summarised, reason)
+    return True
 
 
 # A user script whose model (--model=hangs_once) never returns from its 50th forward on the inference worker, once

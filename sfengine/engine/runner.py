@@ -156,6 +156,7 @@ class Runner(Supervision, Reporting, Component):
         elif self.stats.env_steps >= run.train_for_env_steps:
             self.request_stop(f"reached {self.stats.env_steps} env steps")
         elif self.leads and (reached := self.stats.target_reached(run.stop_at_return, run.stop_at_success)):
+            self.stats.freeze_windows()
             self._stop_every_rank(reached)  # rank 0 alone sees every rank's episodes
 
     def on_component_failed(self, reason: str) -> None:

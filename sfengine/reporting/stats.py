@@ -98,6 +98,7 @@ class RunStats:
         self.task_names = task_names or []
         self.task_successes: dict[int, deque[float]] = {}
         self.stats_window = stats_window
+        self.windows_frozen = False  # the windows that reached a stop target, kept as they were (freeze_windows)
         self.step_history: deque[tuple[float, int]] = deque([(self.started, initial_env_steps)])
         self.learner_stats: dict[str, list[float]] = {}
         self.lag_sum = self.lag_count = 0.0
@@ -130,6 +131,8 @@ class RunStats:
     def add_episodes(self, episodes: list[EpisodeStats]) -> None:
         for episode in episodes:
             self.episodes += 1
+            if self.windows_frozen:
+                continue
             self.returns.append(episode.episode_return)
             self.lengths.append(episode.length)
             if not math.isnan(episode.success):
@@ -149,6 +152,13 @@ class RunStats:
             if len(values) == window and (mean := float(np.mean(values))) >= target:
                 return f"the mean {name} of the last {window} episodes, {mean:{shown}}, reached --stop_at_{name}={target:g}"
         return None
+
+    def freeze_windows(self) -> None:
+        """Keep the episode windows as they are: the run stops at the target they reached, and its end line and
+        summary.json report the windows that reached it, not those moved on by the episodes that finish while the
+        run stops (a run stopped at a mean success of 0.800 would otherwise end saying 0.78). Episodes are still
+        counted."""
+        self.windows_frozen = True
 
     def add_inference_report(self, report: InferenceReport) -> None:
         self.inference_busy += report.busy_sec

@@ -40,6 +40,19 @@ def test_a_success_target_reads_the_success_of_the_window():
     assert stats.target_reached(0.0, math.inf).startswith("the mean return of the last 4 episodes, 0.5")
 
 
+def test_a_reached_target_keeps_its_window_in_the_summary_while_the_run_stops():
+    stats = RunStats(stats_window=4, initial_env_steps=0)
+    stats.add_episodes(episodes([1.0] * 4, success=1.0))
+    assert (
+        stats.target_reached(math.inf, 0.8)
+        == "the mean success of the last 4 episodes, 1.000, reached --stop_at_success=0.8"
+    )
+    stats.freeze_windows()  # the runner stops here; episodes that finish while it stops are counted, not windowed
+    stats.add_episodes(episodes([0.0, 0.0], success=0.0))
+    summary = stats.summary()
+    assert (summary["success_rate"], summary["episode_return_mean"], summary["episodes"]) == (1.0, 1.0, 6)
+
+
 def test_summaries_are_strict_json_where_a_loss_diverged():
     text = json_text({"loss": math.nan, "curve": [1.0, math.inf], "nested": {"x": -math.inf}, "n": 3})
     assert json.loads(text, parse_constant=lambda name: pytest.fail(f"bare {name}")) == {
