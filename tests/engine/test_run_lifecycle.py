@@ -682,12 +682,14 @@ def make_slow_starting_toy(ctx):
 
 
 def make_toy_hanging_at_its_first_start(ctx):
-    # The process shown as HANGING (sfe-rollout-1 by default) never finishes building its first env, as a simulator
-    # deadlocked in its start-up would; once a run (the process that replaces it starts as usual).
+    # The processes shown as HANGING (comma-separated titles, sfe-rollout-1 by default) never finish building their
+    # first env, as a simulator deadlocked in its start-up would; once a run each (the process that replaces one
+    # starts as usual).
     with open("/proc/self/comm") as comm:
-        hangs = comm.read().strip() == os.environ.get("HANGING", "sfe-rollout-1")
-    if hangs and not os.path.exists(HUNG_ONCE):
-        open(HUNG_ONCE, "w").close()
+        title = comm.read().strip()
+    hung_once = f"{HUNG_ONCE}.{title}"
+    if title in os.environ.get("HANGING", "sfe-rollout-1").split(",") and not os.path.exists(hung_once):
+        open(hung_once, "w").close()
         stuck_in_the_simulator()
     return make_paced_toy(ctx)
 
@@ -1087,30 +1089,35 @@ def test_a_stop_during_a_workers_start_up_ends_it_at_once_and_the_run_exits_0(tm
     assert leaked_shm(shm_before) == set()
 
 
-@pytest.mark.parametrize("hung, title", [("rollout_worker_1", "sfe-rollout-1"), ("evaluator", "sfe-evaluator")])
 @pytest.mark.slow
-def test_a_worker_hung_in_its_start_up_is_named_with_its_stack_and_respawned(tmp_path, train_dir, hung, title):
-    # Its first start never finishes; without a start-up timeout it would sit there for good, unwatched (it sends no
-    # report until its envs are built): an evaluation or a one-worker run would never end, and a training evaluator
-    # would never evaluate.
+def test_workers_hung_in_their_start_up_are_named_with_their_stacks_and_respawned(tmp_path, train_dir):
+    # Their first start never finishes; without a start-up timeout they would sit there for good, unwatched (a worker
+    # sends no report until its envs are built): an evaluation or a one-worker run would never end, and a training
+    # evaluator would never evaluate. A rollout worker and the training evaluator hang in the same run, each watched
+    # on its own.
     shm_before = shm_entries()
     command = hanging_toy_command(tmp_path, train_dir, "startup")
     # Stopped by the clock, not by env steps: worker 0 alone would reach any step count before the timeout.
     command += ["--env=toy_hanging_at_its_first_start", "--startup_timeout_sec=10", "--train_for_env_steps=100000000"]
-    if hung == "evaluator":
-        command += ["--eval_every_env_steps=100000"]
-    environment = {**os.environ, "HANGING": title, "STEP_MS": "1"}  # worker 0's training is not the point
+    command += ["--eval_every_env_steps=100000"]
+    hanging = {"rollout_worker_1": "sfe-rollout-1", "evaluator": "sfe-evaluator"}
+    environment = {
+        **os.environ,
+        "HANGING": ",".join(hanging.values()),
+        "STEP_MS": "1",
+    }  # worker 0's training is not the point
     stderr, children = run_to_the_end([*command, "--train_for_seconds=30"], env=environment)
-    error = next(line for line in stderr.splitlines() if "still in its start-up" in line)
-    assert f"{hung} is still in its start-up after" in error, error
-    assert "the longer of --startup_timeout_sec and 3x the longest start-up so far" in error, error
-    assert error.endswith("respawning it (--startup_timeout_sec)"), error
-    assert "stuck_in_the_simulator" in stderr  # the hung process's own stack, printed by faulthandler
+    errors = [line for line in stderr.splitlines() if "still in its start-up" in line]
+    for hung in hanging:
+        error = next((line for line in errors if f"{hung} is still in its start-up after" in line), None)
+        assert error is not None, errors
+        assert "the longer of --startup_timeout_sec and 3x the longest start-up so far" in error, error
+        assert error.endswith("respawning it (--startup_timeout_sec)"), error
+    assert stderr.count("stuck_in_the_simulator") >= 2, stderr[-3000:]  # each hung process's stack (faulthandler)
     summary = read_summary(train_dir, "startup")
-    assert summary["respawns"] == {hung: 1} and summary["exit_code"] == 0
-    assert summary["respawn_seconds_lost"] > 0  # its successor finished its start-up and reported
-    if hung == "evaluator":
-        assert summary["eval"] and summary["eval"][-1]["final"]  # its successor evaluates
+    assert summary["respawns"] == {hung: 1 for hung in hanging} and summary["exit_code"] == 0
+    assert summary["respawn_seconds_lost"] > 0  # the successors finished their start-up and reported
+    assert summary["eval"] and summary["eval"][-1]["final"]  # the evaluator's successor evaluates
     assert_nothing_left(children, shm_before)
 
 
